@@ -1,0 +1,142 @@
+"""The course's images: MNIST when it is available, a real offline fallback when not.
+
+MNIST comes through ``torchvision.datasets.MNIST`` from the data directory (or a
+download into it). Where there is no internet (Binder with egress blocked, CI,
+this course's test machines) the fallback is scikit-learn's handwritten digits
+(1,797 real 8x8 scans that ship inside scikit-learn), placed on MNIST's 28x28
+canvas the way MNIST itself was made (digit in a 20x20 box, centred) and
+normalised exactly like the seeds' ``Normalize((0.5,), (0.5,))``.
+
+Both sources return the same thing: a :class:`Digits` with uint8 images for
+plotting and normalised float tensors for training.
+"""
+from __future__ import annotations
+
+import dataclasses
+import socket
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+MEAN, STD = 0.5, 0.5  # the seeds' Normalize((0.5,), (0.5,))
+
+
+@dataclasses.dataclass
+class Digits:
+    """One split of the course data."""
+
+    images: torch.Tensor   # uint8 [N, 28, 28], for plotting
+    labels: torch.Tensor   # int64 [N]
+    source: str            # "mnist" or "sklearn-digits"
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def tensors(self) -> torch.Tensor:
+        """Float32 [N, 1, 28, 28], scaled to [0, 1] then normalised with mean=std=0.5."""
+        return normalize(self.images)
+
+    def dataset(self) -> TensorDataset:
+        """A map-style dataset of (image, label) pairs ready for a DataLoader."""
+        return TensorDataset(self.tensors, self.labels)
+
+
+def normalize(images_uint8: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, 28, 28] -> float32 [N, 1, 28, 28], same as ToTensor() + Normalize(0.5, 0.5)."""
+    x = images_uint8.to(torch.float32).div(255.0).unsqueeze(1)
+    return (x - MEAN) / STD
+
+
+def _mnist_present(root: Path) -> bool:
+    raw = root / "MNIST" / "raw"
+    return all((raw / f"{stem}-ubyte").exists() for stem in (
+        "train-images-idx3", "train-labels-idx1", "t10k-images-idx3", "t10k-labels-idx1"))
+
+
+def _try_download(root: Path, timeout_s: float = 10.0) -> bool:
+    """Download MNIST into root; False (quickly) where there is no internet."""
+    from torchvision.datasets import MNIST
+
+    old = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(timeout_s)
+    try:
+        MNIST(str(root), train=True, download=True)
+        MNIST(str(root), train=False, download=True)
+        return True
+    except Exception:
+        return False
+    finally:
+        socket.setdefaulttimeout(old)
+
+
+def _load_mnist(root: Path, train: bool) -> Digits:
+    from torchvision.datasets import MNIST
+
+    ds = MNIST(str(root), train=train, download=False)
+    return Digits(images=ds.data.clone(), labels=ds.targets.clone().long(), source="mnist")
+
+
+def _sklearn_digits(train: bool, seed: int = 0) -> Digits:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    imgs = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)  # [N,1,8,8] in [0,1]
+    # MNIST's recipe: the digit fills a 20x20 box centred on a 28x28 canvas.
+    imgs = torch.nn.functional.interpolate(imgs, size=(20, 20), mode="bilinear", align_corners=False)
+    imgs = torch.nn.functional.pad(imgs, (4, 4, 4, 4))
+    images = (imgs.squeeze(1).clamp(0, 1) * 255).round().to(torch.uint8)
+    labels = torch.from_numpy(bunch.target.astype(np.int64))
+    # A fixed, stratification-free split: 80 % train, 20 % test.
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    cut = int(0.8 * len(labels))
+    idx = order[:cut] if train else order[cut:]
+    return Digits(images=images[idx], labels=labels[idx], source="sklearn-digits")
+
+
+def load_digits(train: bool = True, limit: int | None = None, data_dir: str | None = None,
+                download: bool = False, quiet: bool = False) -> Digits:
+    """The course data set: MNIST if present (or downloadable), else scikit-learn's digits.
+
+    ``limit`` keeps the first ``limit`` examples (the sizes come from the runtime).
+    ``download=True`` tries the internet once, with a short timeout. Training
+    workers call this with ``download=False``: only the driver downloads.
+    """
+    if data_dir is None:
+        from coursekit.runtime import detect
+
+        data_dir = detect().data_dir
+    root = Path(data_dir)
+    if not _mnist_present(root) and download:
+        root.mkdir(parents=True, exist_ok=True)
+        _try_download(root)
+    if _mnist_present(root):
+        digits = _load_mnist(root, train)
+    else:
+        if not quiet:
+            print(f"MNIST is not available offline in {root}; using scikit-learn's handwritten "
+                  "digits on MNIST's 28x28 canvas instead (same shapes, same normalisation).")
+        digits = _sklearn_digits(train)
+    if limit is not None and limit < len(digits):
+        digits = Digits(digits.images[:limit], digits.labels[:limit], digits.source)
+    return digits
+
+
+def write_mnist_idx(root: str | Path, images: np.ndarray, labels: np.ndarray, train: bool) -> None:
+    """Write images/labels in MNIST's idx format where torchvision looks for them.
+
+    Used by the tests (and by anyone who wants to bring their own digits)."""
+    raw = Path(root) / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    prefix = "train" if train else "t10k"
+    images = np.asarray(images, dtype=np.uint8)
+    labels = np.asarray(labels, dtype=np.uint8)
+    n, h, w = images.shape
+    with open(raw / f"{prefix}-images-idx3-ubyte", "wb") as f:
+        f.write(np.array([0x00000803, n, h, w], dtype=">i4").tobytes())
+        f.write(images.tobytes())
+    with open(raw / f"{prefix}-labels-idx1-ubyte", "wb") as f:
+        f.write(np.array([0x00000801, n], dtype=">i4").tobytes())
+        f.write(labels.tobytes())

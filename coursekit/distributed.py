@@ -1,0 +1,89 @@
+"""Run a function on N local processes joined in a torch.distributed process group.
+
+This is what ``torchrun --nproc_per_node=N`` does for a script, for a function
+defined in a notebook: processes are *forked* (so notebook-defined functions
+work), each one gets ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``,
+joins the group, runs ``fn(rank, world_size, *args)`` and sends its return value
+back. Used for small, fast experiments and by the exercise tests; real training
+goes through ``torchrun`` or Ray Train.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import traceback
+from datetime import timedelta
+from typing import Any, Callable
+
+
+def free_port() -> int:
+    """A TCP port on localhost that is free right now (for MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(rank: int, world_size: int, port: int, backend: str, fn: Callable, args: tuple,
+           results: "mp.Queue", timeout_s: float) -> None:
+    import torch
+    import torch.distributed as dist
+
+    code = 0
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                          LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
+        torch.set_num_threads(1)  # N processes share this machine's cores
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_s))
+        try:
+            results.put((rank, True, fn(rank, world_size, *args)))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # report everything, including SystemExit from the student's code
+        results.put((rank, False, traceback.format_exc()))
+        code = 1
+    finally:
+        results.close()
+        results.join_thread()
+        # Leave without running the parent's atexit handlers (a forked Jupyter kernel has some).
+        os._exit(code)
+
+
+def run_distributed(fn: Callable[..., Any], world_size: int = 2, *args: Any, backend: str = "gloo",
+                    timeout_s: float = 120.0) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; return the results by rank.
+
+    Raises ``RuntimeError`` with the failing rank's traceback if any rank fails,
+    and ``TimeoutError`` if the group does not finish in ``timeout_s`` (for
+    example because one rank skipped a collective the others wait for)."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    ctx = mp.get_context("fork")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_child, args=(r, world_size, port, backend, fn, args, results, timeout_s),
+                         daemon=True) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    by_rank: dict[int, Any] = {}
+    try:
+        while len(by_rank) < world_size:
+            try:
+                rank, ok, value = results.get(timeout=timeout_s)
+            except queue.Empty:
+                raise TimeoutError(
+                    f"the {world_size} processes did not finish within {timeout_s:.0f} s "
+                    f"(ranks that answered: {sorted(by_rank)}); a rank may be waiting in a "
+                    "collective that another rank never reached") from None
+            if not ok:
+                raise RuntimeError(f"rank {rank} of {world_size} failed:\n{value}")
+            by_rank[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [by_rank[r] for r in range(world_size)]

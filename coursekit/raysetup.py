@@ -1,0 +1,125 @@
+"""Starting or joining Ray for the course, with the student's output in front.
+
+* On Anyscale (or wherever ``RAY_ADDRESS`` is set) we join the existing cluster
+  and ship ``coursekit`` to its workers with ``runtime_env={"py_modules": ...}``:
+  Ray workers do not inherit the notebook's ``sys.path``.
+* Elsewhere we start a local Ray sized for this machine; on small machines
+  (Binder, CI) without the dashboard and with a capped object store.
+* Ray Train's internal chatter (controller status lines, placement-group
+  polling warnings, "Reporting training result ...") is filtered out of what
+  the driver prints. Your own ``print`` calls on the workers, and every error
+  or traceback, still show. ``COURSE_RAY_VERBOSE=1`` turns the filter off.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+from coursekit.runtime import Runtime, detect
+
+# Lines from Ray Train's own loggers that say nothing a student can act on.
+_NOISE = re.compile(
+    r"Failed to query Ray Train Controller actor state"
+    r"|Reporting training result \d+"
+    r"|Checkpoint successfully created at"
+    r"|Setting up process group for"
+    r"|Moving model to device"
+    r"|Wrapping provided model in"
+    r"|Requesting resources:"
+    r"|Attempting to start training worker group"
+    r"|Started training worker group of size"
+    r"|- \(ip=\S+, pid=\d+\) world_rank="
+    r"|has constructor arguments in the object store and max_restarts"
+    r"|Running in local mode\. The training function will run in the same process"
+    r"|Reported metrics: \{"
+)
+_NOISY_ACTORS = {"PlacementGroupCleaner"}
+_KEEP = re.compile(r"Traceback|Error|error|fail|Fail|Exception|retry|Retry|restart|Restart")
+
+# Environment for every Ray process we start: fewer helper actors and faster
+# polling, which matters on a 2-core machine.
+RAY_ENV = {
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+    "RAY_DEDUP_LOGS": "0",
+    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def _is_noise(actor: str, line: str) -> bool:
+    if actor in _NOISY_ACTORS:
+        return True
+    if _KEEP.search(line) and "Failed to query Ray Train Controller" not in line:
+        return False
+    return bool(_NOISE.search(line))
+
+
+def _install_log_filter() -> bool:
+    """Wrap Ray's driver-side log printer with the noise filter. False if Ray changed."""
+    try:
+        import functools
+
+        from ray._private import worker as ray_worker
+
+        dispatcher = ray_worker.global_worker_stdstream_dispatcher
+        ignore_prefix = ray_worker._should_ignore_worker_log_prefix(ray_worker.global_worker)
+
+        def filtered(data):
+            actor = data.get("actor_name") or ""
+            lines = [ln for ln in data.get("lines", []) if not _is_noise(actor, ln)]
+            if lines:
+                ray_worker.print_to_stdstream({**data, "lines": lines}, ignore_prefix=ignore_prefix)
+
+        dispatcher.remove_handler("ray_print_logs")
+        dispatcher.add_handler("ray_print_logs", functools.partial(filtered))
+        return True
+    except Exception:
+        return False
+
+
+def _course_env() -> dict[str, str]:
+    """COURSE_* settings travel to the workers, so detect() there agrees with the driver."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("COURSE_")}
+    env.update(RAY_ENV)
+    return env
+
+
+def init_ray(runtime: Runtime | None = None, quiet: bool | None = None, **overrides):
+    """Start Ray for this machine, or join the cluster the runtime points at. Idempotent."""
+    import ray
+
+    rt = runtime or detect()
+    if ray.is_initialized():
+        return ray.get_runtime_context()
+    for key, value in RAY_ENV.items():
+        os.environ.setdefault(key, value)
+    quiet = (os.environ.get("COURSE_RAY_VERBOSE", "0") != "1") if quiet is None else quiet
+    runtime_env = {"env_vars": _course_env()}
+    kwargs: dict = dict(logging_level=logging.ERROR, log_to_driver=True)
+    if rt.ray_address:
+        import coursekit
+
+        runtime_env["py_modules"] = [str(Path(coursekit.__file__).parent)]
+        kwargs.update(address=rt.ray_address)
+    else:
+        kwargs.update(num_cpus=rt.num_cpus, num_gpus=rt.num_gpus, include_dashboard=False)
+        if rt.lean:
+            kwargs.update(object_store_memory=256 * 2**20)
+    kwargs["runtime_env"] = runtime_env
+    kwargs.update(overrides)
+    ctx = ray.init(**kwargs)
+    if quiet:
+        _install_log_filter()
+    return ctx
+
+
+def storage_path(runtime: Runtime | None = None) -> str:
+    """Where Ray Train keeps results: created if missing (local paths)."""
+    rt = runtime or detect()
+    if "://" not in rt.storage_path:
+        Path(rt.storage_path).mkdir(parents=True, exist_ok=True)
+    return rt.storage_path

@@ -1,0 +1,158 @@
+"""Choosing a ScalingConfig: plain-language checks and an ipywidgets picker.
+
+``check_scaling`` explains why a choice cannot run *before* Ray waits forever
+for resources that do not exist. ``ScalingConfigPicker`` is the widget the
+notebooks display; it hands back a real ``ray.train.ScalingConfig``. Without a
+front end (papermill, nbgrader, a script) nobody moves the sliders, so the
+values passed in (the notebook's parameters) are what you get.
+"""
+from __future__ import annotations
+
+from coursekit.runtime import Runtime, detect
+
+
+class ScalingError(ValueError):
+    """A ScalingConfig that cannot run on this cluster, with the reason in plain words."""
+
+
+def cluster_resources(runtime: Runtime | None = None) -> dict[str, int]:
+    """CPUs and GPUs of the Ray cluster we are connected to, else of this machine."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            res = ray.cluster_resources()
+            return {"CPU": int(res.get("CPU", 0)), "GPU": int(res.get("GPU", 0))}
+    except Exception:
+        pass
+    rt = runtime or detect()
+    return {"CPU": rt.num_cpus, "GPU": rt.num_gpus}
+
+
+def check_scaling(num_workers: int, use_gpu: bool, cpus_per_worker: float = 1,
+                  global_batch_size: int | None = None,
+                  resources: dict[str, int] | None = None) -> None:
+    """Raise :class:`ScalingError` if this choice cannot run on ``resources``."""
+    res = resources if resources is not None else cluster_resources()
+    cpus, gpus = res.get("CPU", 0), res.get("GPU", 0)
+    if int(num_workers) != num_workers or num_workers < 1:
+        raise ScalingError(f"num_workers must be a whole number of at least 1 (got {num_workers}).")
+    if cpus_per_worker <= 0:
+        raise ScalingError(f"Each worker needs some CPU: cpus_per_worker={cpus_per_worker} must be > 0.")
+    if use_gpu and gpus == 0:
+        raise ScalingError(
+            "use_gpu=True, but this cluster has no GPUs. Set use_gpu=False: the same training "
+            "code runs on CPU workers (gloo instead of nccl).")
+    if use_gpu and num_workers > gpus:
+        raise ScalingError(
+            f"{num_workers} GPU workers need {num_workers} GPUs (one each), but this cluster has "
+            f"{gpus}. Choose at most {gpus} workers, or add GPU nodes.")
+    need = num_workers * cpus_per_worker
+    if need > cpus:
+        most = int(cpus // cpus_per_worker)
+        raise ScalingError(
+            f"{num_workers} workers x {cpus_per_worker:g} CPU each = {need:g} CPUs, but this cluster "
+            f"has {cpus}. Ray would wait for them forever. Choose at most {most} workers or fewer "
+            "CPUs per worker.")
+    if global_batch_size is not None:
+        if global_batch_size < num_workers:
+            raise ScalingError(
+                f"A global batch of {global_batch_size} cannot feed {num_workers} workers "
+                "(each needs at least one example).")
+        if global_batch_size % num_workers:
+            lo = global_batch_size - global_batch_size % num_workers
+            raise ScalingError(
+                f"The global batch of {global_batch_size} does not split evenly over {num_workers} "
+                f"workers. Choose a multiple of {num_workers}, e.g. {lo} or {lo + num_workers}.")
+
+
+def make_scaling_config(num_workers: int, use_gpu: bool, cpus_per_worker: float = 1,
+                        global_batch_size: int | None = None,
+                        resources: dict[str, int] | None = None):
+    """Check the choice, then build the ``ray.train.ScalingConfig`` for it."""
+    from ray.train import ScalingConfig
+
+    check_scaling(num_workers, use_gpu, cpus_per_worker, global_batch_size, resources)
+    per_worker = {"CPU": cpus_per_worker}
+    if use_gpu:
+        per_worker["GPU"] = 1
+    return ScalingConfig(num_workers=int(num_workers), use_gpu=bool(use_gpu),
+                         resources_per_worker=per_worker)
+
+
+class ScalingConfigPicker:
+    """Sliders for a ScalingConfig, bounded by what the cluster has.
+
+    >>> picker = ScalingConfigPicker(num_workers=2, use_gpu=False, global_batch_size=64)
+    >>> picker            # shows the controls in JupyterLab
+    >>> picker.scaling_config()   # the real ray.train.ScalingConfig (raises ScalingError if impossible)
+    """
+
+    def __init__(self, num_workers: int | None = None, use_gpu: bool | None = None,
+                 cpus_per_worker: int = 1, global_batch_size: int = 64,
+                 resources: dict[str, int] | None = None):
+        import ipywidgets as w
+
+        self.resources = resources if resources is not None else cluster_resources()
+        cpus, gpus = self.resources["CPU"], self.resources["GPU"]
+        use_gpu = gpus > 0 if use_gpu is None else bool(use_gpu)
+        num_workers = (gpus if use_gpu and gpus else 2) if num_workers is None else int(num_workers)
+        # Bounds come from the cluster, but a requested value beyond them is kept (and
+        # explained) rather than silently clamped by the slider.
+        top = max(cpus, gpus, num_workers, 1)
+        style = {"description_width": "150px"}
+        layout = w.Layout(width="460px")
+        self.num_workers = w.IntSlider(value=num_workers, min=1, max=top, description="num_workers",
+                                       style=style, layout=layout)
+        self.use_gpu = w.Checkbox(value=use_gpu, description="use_gpu", disabled=gpus == 0 and not use_gpu,
+                                  style=style, layout=layout)
+        self.cpus_per_worker = w.IntSlider(value=int(cpus_per_worker), min=1, max=max(cpus, int(cpus_per_worker), 1),
+                                           description="CPUs per worker", style=style, layout=layout)
+        self.global_batch_size = w.BoundedIntText(value=int(global_batch_size), min=1, max=1 << 16,
+                                                  description="global batch size", style=style, layout=layout)
+        self.summary = w.HTML()
+        self.error = w.HTML()
+        for control in (self.num_workers, self.use_gpu, self.cpus_per_worker, self.global_batch_size):
+            control.observe(self._refresh, names="value")
+        header = w.HTML(f"<b>ScalingConfig</b> &nbsp; cluster: {cpus} CPUs, {gpus} GPUs"
+                        + ("" if gpus else " (no GPUs: use_gpu is off)"))
+        self.widget = w.VBox([header, self.num_workers, self.use_gpu, self.cpus_per_worker,
+                              self.global_batch_size, self.summary, self.error])
+        self._refresh()
+
+    # -- what the notebook reads -------------------------------------------------
+    @property
+    def per_worker_batch_size(self) -> int:
+        return self.global_batch_size.value // self.num_workers.value
+
+    def problem(self) -> str | None:
+        """The reason this choice cannot run, or None."""
+        try:
+            check_scaling(self.num_workers.value, self.use_gpu.value, self.cpus_per_worker.value,
+                          self.global_batch_size.value, self.resources)
+        except ScalingError as e:
+            return str(e)
+        return None
+
+    def scaling_config(self):
+        """The ``ray.train.ScalingConfig`` for the current choice (raises ScalingError)."""
+        return make_scaling_config(self.num_workers.value, self.use_gpu.value, self.cpus_per_worker.value,
+                                   self.global_batch_size.value, self.resources)
+
+    # -- display -------------------------------------------------------------------
+    def _refresh(self, _change=None) -> None:
+        n, g = self.num_workers.value, self.global_batch_size.value
+        device = "GPU" if self.use_gpu.value else "CPU"
+        self.summary.value = (f"{n} {device} worker{'s' if n > 1 else ''}; per-worker batch = "
+                              f"{g} // {n} = <b>{g // n}</b>")
+        why = self.problem()
+        self.error.value = "" if why is None else f"<span style='color:#b00020'>&#9888; {why}</span>"
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+    def __repr__(self) -> str:
+        return (f"ScalingConfigPicker(num_workers={self.num_workers.value}, use_gpu={self.use_gpu.value}, "
+                f"cpus_per_worker={self.cpus_per_worker.value}, global_batch_size={self.global_batch_size.value})")
