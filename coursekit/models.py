@@ -40,3 +40,14 @@ def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
         logits = model(images[i:i + batch_size].to(device))
         correct += (logits.argmax(1).cpu() == labels[i:i + batch_size]).sum().item()
     return correct / max(len(labels), 1)
+
+
+MODELS = {"resnet18": build_resnet18, "small_cnn": build_small_cnn}
+
+
+def build_model(name: str) -> nn.Module:
+    """A course model by name: ``resnet18`` (the seeds' model) or ``small_cnn`` (no BatchNorm)."""
+    try:
+        return MODELS[name]()
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}") from None

@@ -36,6 +36,9 @@ _NOISE = re.compile(
     r"|Reported metrics: \{"
 )
 _NOISY_ACTORS = {"PlacementGroupCleaner"}
+# A warning (with its traceback) that the controller logs when a helper actor is
+# slow to start on an overloaded machine; Ray itself calls it safe to ignore.
+_NOISY_BATCH = re.compile(r"Failed to send resource request for train-")
 _KEEP = re.compile(r"Traceback|Error|error|fail|Fail|Exception|retry|Retry|restart|Restart")
 
 # Environment for every Ray process we start: fewer helper actors and faster
@@ -70,7 +73,10 @@ def _install_log_filter() -> bool:
 
         def filtered(data):
             actor = data.get("actor_name") or ""
-            lines = [ln for ln in data.get("lines", []) if not _is_noise(actor, ln)]
+            lines = data.get("lines", [])
+            if any(_NOISY_BATCH.search(ln) for ln in lines):
+                return
+            lines = [ln for ln in lines if not _is_noise(actor, ln)]
             if lines:
                 ray_worker.print_to_stdstream({**data, "lines": lines}, ignore_prefix=ignore_prefix)
 

@@ -89,7 +89,7 @@ class ScalingConfigPicker:
     """
 
     def __init__(self, num_workers: int | None = None, use_gpu: bool | None = None,
-                 cpus_per_worker: int = 1, global_batch_size: int = 64,
+                 cpus_per_worker: float = 1, global_batch_size: int = 64,
                  resources: dict[str, int] | None = None):
         import ipywidgets as w
 
@@ -106,8 +106,9 @@ class ScalingConfigPicker:
                                        style=style, layout=layout)
         self.use_gpu = w.Checkbox(value=use_gpu, description="use_gpu", disabled=gpus == 0 and not use_gpu,
                                   style=style, layout=layout)
-        self.cpus_per_worker = w.IntSlider(value=int(cpus_per_worker), min=1, max=max(cpus, int(cpus_per_worker), 1),
-                                           description="CPUs per worker", style=style, layout=layout)
+        self.cpus_per_worker = w.FloatSlider(value=float(cpus_per_worker), min=0.25, step=0.25,
+                                             max=max(float(cpus), float(cpus_per_worker), 1.0),
+                                             description="CPUs per worker", style=style, layout=layout)
         self.global_batch_size = w.BoundedIntText(value=int(global_batch_size), min=1, max=1 << 16,
                                                   description="global batch size", style=style, layout=layout)
         self.summary = w.HTML()

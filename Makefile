@@ -1,0 +1,46 @@
+# The course's commands. Each one bootstraps .venv from requirements.txt when it
+# is missing or older than requirements.txt / pyproject.toml.
+#
+#   make lab          JupyterLab on course/ (students)
+#   make test         the whole test suite (CI runs this)
+#   make course       execute every solution notebook (CPU) into build/course, with timings
+#   make assignments  regenerate course/ from solutions/ with nbgrader
+#   make grade SUBMISSIONS=dir   autograde a folder of submissions (instructors)
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.course-installed
+KERNEL := ray-train-course
+SUBMISSIONS ?= submissions
+LAB_ARGS ?=
+
+.PHONY: lab test course assignments grade venv clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "Python (Ray Train course)"
+	@touch $(STAMP)
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --notebook-dir=course $(LAB_ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest tests
+
+course: $(STAMP)
+	$(PY) -m coursekit.notebooks solutions --out build/course
+
+assignments: $(STAMP)
+	$(PY) -m autograder.release
+
+grade: $(STAMP)
+	$(PY) -m autograder.grade $(SUBMISSIONS) --out build/grading
+
+clean:
+	rm -rf build

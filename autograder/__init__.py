@@ -1,0 +1,1 @@
+"""The course's grading loop: releasing course/ from solutions/ and autograding submissions."""

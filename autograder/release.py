@@ -1,0 +1,63 @@
+"""Generate the student release (course/) from the instructor source (solutions/) with nbgrader.
+
+    python -m autograder.release            # regenerate course/ in place (make assignments)
+    python -m autograder.release --into DIR # generate into DIR instead (the tests compare it)
+
+nbgrader replaces everything between ``### BEGIN SOLUTION`` and ``### END SOLUTION``
+with a stub, removes hidden tests, clears outputs and records checksums of the
+read-only cells. The module's scripts are copied as they are.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SOLUTIONS = REPO / "solutions"
+CONFIG = REPO / "autograder" / "nbgrader_config.py"
+
+
+def modules() -> list[str]:
+    """Module folders of the course, in teaching order (01_..., 02_...)."""
+    return sorted(p.name for p in SOLUTIONS.iterdir() if p.is_dir() and p.name[:2].isdigit())
+
+
+def nbgrader(*args: str, cwd: Path, root: Path, extra: tuple[str, ...] = ()) -> None:
+    """Run an nbgrader command with the course config and a given course root."""
+    cmd = [str(Path(sys.executable).parent / "nbgrader"), *args,
+           f"--CourseDirectory.root={root}", *extra]
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}")
+
+
+def generate(into: Path) -> None:
+    """Write the release of every module into ``into`` (which is replaced)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        shutil.copytree(SOLUTIONS, root / "solutions",
+                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+        shutil.copy(CONFIG, root / "nbgrader_config.py")
+        for m in modules():
+            nbgrader("generate_assignment", m, "--force", cwd=root, root=root,
+                     extra=(f"--CourseDirectory.db_url=sqlite:///{root / 'gradebook.db'}",))
+        if into.exists():
+            shutil.rmtree(into)
+        shutil.copytree(root / "course", into)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--into", type=Path, default=REPO / "course")
+    args = p.parse_args(argv)
+    generate(args.into)
+    print(f"released {', '.join(modules())} into {args.into}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Execute course notebooks with papermill and measure them.
+
+    python -m coursekit.notebooks solutions --out build/course   # make course
+
+Each notebook runs in its own kernel, in its own folder (so relative paths to
+its scripts work), in CPU mode (GPUs hidden) unless told otherwise. While it
+runs, the whole process tree (kernel, Ray's processes and workers, torchrun
+children) is sampled for its proportional set size (PSS), so the peak memory
+reported is what the machine really had to provide. Figures the notebook
+records with ``coursekit.results.record`` come back in ``record``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+
+def _tree_pss(root: psutil.Process) -> int:
+    total = 0
+    try:
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    for p in procs:
+        try:
+            total += p.memory_full_info().pss
+        except (psutil.Error, AttributeError):
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+    return total
+
+
+def execute(notebook: Path, out: Path, parameters: dict | None = None, env: dict | None = None,
+            timeout_s: float = 1800, cpu_only: bool = True) -> dict:
+    """Run one notebook; return wall time, peak memory, exit status and the recorded figures."""
+    notebook, out = Path(notebook).resolve(), Path(out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record_file = out.with_suffix(".record.json")
+    record_file.unlink(missing_ok=True)
+    run_env = {**os.environ, "COURSE_RECORD": str(record_file), "PYTHONUNBUFFERED": "1"}
+    if cpu_only:
+        run_env["CUDA_VISIBLE_DEVICES"] = ""
+    run_env.update(env or {})
+    cmd = [sys.executable, "-m", "papermill", str(notebook), str(out), "--cwd", str(notebook.parent),
+           "--no-progress-bar"]
+    for key, value in (parameters or {}).items():
+        cmd += ["-p", key, str(value)]
+    log = out.with_suffix(".log")
+    start = time.perf_counter()
+    with open(log, "w") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=run_env)
+        peak = 0
+        stop = threading.Event()
+
+        def sample():
+            nonlocal peak
+            ps = psutil.Process(proc.pid)
+            while not stop.is_set():
+                peak = max(peak, _tree_pss(ps))
+                stop.wait(1.0)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
+            proc.kill()
+            returncode = -9
+        stop.set()
+        sampler.join()
+    wall = time.perf_counter() - start
+    record = json.loads(record_file.read_text()) if record_file.exists() else {}
+    return {"notebook": str(notebook), "output": str(out), "log": str(log), "returncode": returncode,
+            "wall_s": round(wall, 1), "peak_pss_mib": round(peak / 2**20), "record": record,
+            "log_tail": log.read_text()[-3000:] if returncode else ""}
+
+
+def find_notebooks(folder: Path) -> list[Path]:
+    return sorted(p for p in Path(folder).glob("[0-9]*/*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Execute the course notebooks and report time and memory.")
+    p.add_argument("folder", type=Path, help="solutions or course")
+    p.add_argument("--out", type=Path, default=Path("build/course"))
+    p.add_argument("--size", default="cpu", help="COURSE_SIZE for the run (smoke, cpu, gpu)")
+    p.add_argument("--only", default=None, help="run only notebooks whose name contains this")
+    args = p.parse_args(argv)
+    rows = []
+    for nb in find_notebooks(args.folder):
+        if args.only and args.only not in nb.name:
+            continue
+        print(f"executing {nb} ...", flush=True)
+        r = execute(nb, args.out / nb.name, env={"COURSE_SIZE": args.size})
+        status = "ok" if r["returncode"] == 0 else f"FAILED (see {r['log']})"
+        print(f"  {status}: {r['wall_s']} s, peak {r['peak_pss_mib']} MiB PSS, recorded {r['record']}", flush=True)
+        rows.append(r)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "report.json").write_text(json.dumps(rows, indent=1))
+    lines = ["| notebook | status | wall time (s) | peak memory (MiB PSS, whole tree) |", "|---|---|---|---|"]
+    lines += [f"| {Path(r['notebook']).name} | {'ok' if r['returncode'] == 0 else 'failed'} | {r['wall_s']} | "
+              f"{r['peak_pss_mib']} |" for r in rows]
+    lines.append(f"| total | | {sum(r['wall_s'] for r in rows):.1f} | max {max((r['peak_pss_mib'] for r in rows), default=0)} |")
+    (args.out / "report.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if all(r["returncode"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
