@@ -99,7 +99,7 @@ class ScalingConfigPicker:
         num_workers = (gpus if use_gpu and gpus else 2) if num_workers is None else int(num_workers)
         # Bounds come from the cluster, but a requested value beyond them is kept (and
         # explained) rather than silently clamped by the slider.
-        top = max(cpus, gpus, num_workers, 1)
+        top = max(int(cpus // cpus_per_worker), gpus, num_workers, 1)
         style = {"description_width": "150px"}
         layout = w.Layout(width="460px")
         self.num_workers = w.IntSlider(value=num_workers, min=1, max=top, description="num_workers",
@@ -141,7 +141,15 @@ class ScalingConfigPicker:
                                    self.global_batch_size.value, self.resources)
 
     # -- display -------------------------------------------------------------------
+    def _workers_bound(self) -> int:
+        """Most workers the cluster can hold with the current per-worker resources."""
+        if self.use_gpu.value:
+            return max(self.resources["GPU"], 1)
+        return max(int(self.resources["CPU"] // self.cpus_per_worker.value), 1)
+
     def _refresh(self, _change=None) -> None:
+        # The slider's bound follows the per-worker resources; a value beyond it is kept (and explained).
+        self.num_workers.max = max(self._workers_bound(), self.num_workers.value)
         n, g = self.num_workers.value, self.global_batch_size.value
         device = "GPU" if self.use_gpu.value else "CPU"
         self.summary.value = (f"{n} {device} worker{'s' if n > 1 else ''}; per-worker batch = "

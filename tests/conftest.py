@@ -1,0 +1,38 @@
+"""Shared fixtures. Every test runs in smoke size, offline, with results in a temp folder."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+# Smoke sizes and a private storage folder for everything the tests start
+# (subprocesses, papermill kernels and Ray workers inherit these).
+os.environ.setdefault("COURSE_SIZE", "smoke")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+os.environ.pop("COURSE_RECORD", None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_storage(tmp_path_factory):
+    os.environ["COURSE_STORAGE"] = str(tmp_path_factory.mktemp("ray_results"))
+    yield
+
+
+@pytest.fixture
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def released(tmp_path_factory) -> Path:
+    """What nbgrader generates from solutions/ right now (course/ must equal it)."""
+    from autograder.release import generate
+
+    out = tmp_path_factory.mktemp("release") / "course"
+    generate(out)
+    return out

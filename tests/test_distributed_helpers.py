@@ -1,0 +1,70 @@
+"""run_distributed (forked gloo groups) and simulated_worker (Ray Train's context without Ray)."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from coursekit.distributed import run_distributed
+from coursekit.testing import simulated_worker
+
+
+def _all_reduce(rank, world_size):
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    return rank, world_size, t.item()
+
+
+def test_run_distributed_forms_a_real_group():
+    assert run_distributed(_all_reduce, 3) == [(0, 3, 6.0), (1, 3, 6.0), (2, 3, 6.0)]
+
+
+def _fails_on_rank_1(rank, world_size):
+    if rank == 1:
+        raise ValueError("student bug")
+    return rank
+
+
+def test_a_failing_rank_is_reported_with_its_traceback():
+    with pytest.raises(RuntimeError, match="rank 1 of 2 failed(.|\n)*student bug"):
+        run_distributed(_fails_on_rank_1, 2, timeout_s=30)
+
+
+def _rank0_skips_collective(rank, world_size):
+    if rank == 1:
+        dist.barrier()
+    return rank
+
+
+def test_a_hanging_collective_times_out_instead_of_blocking():
+    with pytest.raises((TimeoutError, RuntimeError)):
+        run_distributed(_rank0_skips_collective, 2, timeout_s=8)
+
+
+def test_simulated_worker_answers_ray_train_calls_and_records_reports(tmp_path):
+    import ray.train
+
+    (tmp_path / "model.pt").write_bytes(b"x")
+    with simulated_worker(rank=1, world_size=4) as reports:
+        ctx = ray.train.get_context()
+        assert (ctx.get_world_rank(), ctx.get_world_size()) == (1, 4)
+        ray.train.report({"loss": 1.0})
+        ray.train.report({"loss": 0.5}, checkpoint=ray.train.Checkpoint.from_directory(tmp_path))
+    assert [r.metrics for r in reports] == [{"loss": 1.0}, {"loss": 0.5}]
+    assert not reports[0].has_checkpoint and reports[1].files == {"model.pt": b"x"}
+    with pytest.raises(ValueError):
+        with simulated_worker(rank=2, world_size=2):
+            pass
+
+
+def _ddp_train_one_step(rank, world_size):
+    import ray.train.torch
+
+    from coursekit.models import build_small_cnn
+
+    with simulated_worker(rank, world_size):
+        torch.manual_seed(0)
+        model = ray.train.torch.prepare_model(build_small_cnn())
+    return type(model).__name__
+
+
+def test_prepare_model_wraps_in_ddp_inside_a_simulated_group():
+    assert run_distributed(_ddp_train_one_step, 2) == ["DistributedDataParallel"] * 2

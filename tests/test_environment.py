@@ -1,0 +1,59 @@
+"""The two install paths (pip via make, conda via environment.yml) agree, and the pins are the ones we test."""
+import re
+
+import yaml  # PyYAML comes with jupyter/ray
+
+from conftest import REPO
+
+PINNED = {
+    "torch": "2.14.1", "torchvision": "0.29.1", "ray": "2.60.0", "deepspeed": "0.19.8",
+    "nbgrader": "0.9.6", "papermill": "2.7.0",
+}
+
+
+def requirements() -> dict[str, str]:
+    pins = {}
+    for line in (REPO / "requirements.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?==([^\s;]+)", line)
+        assert m, f"requirements.txt: {line!r} is not an exact pin (name==version)"
+        pins[m.group(1).lower()] = m.group(3)
+    return pins
+
+
+def test_requirements_are_exact_pins_with_the_course_versions():
+    pins = requirements()
+    for name, version in PINNED.items():
+        assert pins.get(name) == version, f"{name} must be pinned to {version}"
+    assert pins["jupyterlab"].startswith("4.6.") and pins["ipywidgets"].startswith("8.1.")
+    assert "train" in (REPO / "requirements.txt").read_text().split("ray[")[1].split("]")[0]
+
+
+def test_environment_yml_agrees_with_requirements():
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    deps = env["dependencies"]
+    assert "python=3.11" in deps
+    pip_section = next(d["pip"] for d in deps if isinstance(d, dict) and "pip" in d)
+    # Either it installs requirements.txt itself, or it lists exactly the same pins.
+    if "-r requirements.txt" not in pip_section:
+        listed = {}
+        for item in pip_section:
+            name, _, version = item.partition("==")
+            listed[name.split("[")[0].lower()] = version
+        assert listed == requirements()
+
+
+def test_installed_versions_match_the_pins():
+    from importlib.metadata import version
+
+    for name, pinned in requirements().items():
+        assert version(name) == pinned, f"{name} {version(name)} is installed, {pinned} is pinned"
+
+
+def test_readme_starts_with_the_two_commands_and_ci_runs_the_test_command():
+    readme = (REPO / "README.md").read_text()
+    head = readme[:1500]
+    assert "make lab" in head and "make test" in head
+    assert "make test" in (REPO / ".ci" / "run").read_text()

@@ -1,0 +1,19 @@
+"""Every solution notebook runs end to end with papermill (CPU, smoke size) and shows learning."""
+import pytest
+
+from coursekit.notebooks import execute, find_notebooks
+from conftest import REPO
+
+NOTEBOOKS = find_notebooks(REPO / "solutions")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.parent.name)
+def test_solution_notebook_runs_and_learns(notebook, tmp_path):
+    result = execute(notebook, tmp_path / notebook.name, env={"COURSE_SIZE": "smoke"})
+    print(f"{notebook.name}: {result['wall_s']} s, peak {result['peak_pss_mib']} MiB PSS")
+    assert result["returncode"] == 0, result["log_tail"]
+    record = result["record"]
+    losses = record["losses"]
+    assert len(losses) >= 2 and losses[-1] < 0.8 * losses[0], f"the loss must fall: {losses}"
+    assert record["test_accuracy"] > 0.5, f"accuracy {record['test_accuracy']} is not clearly above chance (0.1)"

@@ -1,0 +1,86 @@
+"""course/ is exactly what nbgrader generates from solutions/, with no outputs and no answers in it."""
+import filecmp
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder.release import modules
+from conftest import REPO
+
+COURSE = REPO / "course"
+
+
+def _all_files(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()
+            and "__pycache__" not in p.parts and ".ipynb_checkpoints" not in p.parts}
+
+
+def test_every_module_is_released():
+    assert modules() == sorted(p.name for p in COURSE.iterdir() if p.is_dir()), "run `make assignments`"
+    assert len(modules()) >= 2
+
+
+def test_course_equals_what_nbgrader_generates(released):
+    assert _all_files(COURSE) == _all_files(released), "course/ is stale: run `make assignments`"
+    for rel in _all_files(COURSE):
+        if rel.endswith(".ipynb"):
+            mine = json.loads((COURSE / rel).read_text())
+            fresh = json.loads((released / rel).read_text())
+            assert mine == fresh, f"{rel} differs from nbgrader's output: run `make assignments`"
+        else:
+            assert filecmp.cmp(COURSE / rel, released / rel, shallow=False), rel
+
+
+def _notebooks():
+    return sorted(list(COURSE.rglob("*.ipynb")) + list((REPO / "solutions").rglob("*.ipynb")))
+
+
+@pytest.mark.parametrize("path", _notebooks(), ids=lambda p: str(p.relative_to(REPO)))
+def test_notebooks_are_stored_without_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert not cell.outputs and cell.execution_count is None, f"{path.name}: stored outputs"
+    assert nb.metadata["kernelspec"]["name"] == "ray-train-course"
+
+
+def test_no_solution_or_hidden_test_text_in_the_release():
+    markers = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
+    for module in modules():
+        source = nbformat.read(REPO / "solutions" / module / f"{module}.ipynb", as_version=4)
+        released = (COURSE / module / f"{module}.ipynb").read_text()
+        for m in markers:
+            assert m not in released
+        # every line of solution code and of hidden tests is gone (lines that also occur in
+        # the visible part of the notebook, such as `return model`, are allowed)
+        secret_lines = set()
+        for cell in source.cells:
+            meta = cell.metadata.get("nbgrader", {})
+            text = cell.source
+            for begin, end in (("### BEGIN SOLUTION", "### END SOLUTION"),
+                               ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")):
+                while begin in text:
+                    chunk = text.split(begin, 1)[1].split(end, 1)[0]
+                    secret_lines |= {ln.strip() for ln in chunk.splitlines() if len(ln.strip()) > 25}
+                    text = text.replace(begin + chunk + end, "")
+            assert meta.get("solution") or "SOLUTION" not in cell.source
+        public = nbformat.read(COURSE / module / f"{module}.ipynb", as_version=4)
+        public_lines = {ln.strip() for c in public.cells for ln in c.source.splitlines()}
+        visible_in_source = {ln.strip() for c in source.cells for ln in c.source.split("### BEGIN")[0].splitlines()}
+        leaked = (secret_lines & public_lines) - visible_in_source
+        assert not leaked, f"{module}: solution/hidden lines in course/: {sorted(leaked)[:3]}"
+
+
+def test_each_module_has_graded_exercises_with_hidden_tests():
+    for module in modules():
+        nb = nbformat.read(REPO / "solutions" / module / f"{module}.ipynb", as_version=4)
+        solutions = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
+        tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+        assert len(solutions) >= 3 and len(tests) >= 3, module
+        assert sum("BEGIN HIDDEN TESTS" in c.source for c in tests) >= 3, module
+        assert all(c.metadata["nbgrader"]["locked"] for c in tests)
+        params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+        assert len(params) == 1, f"{module}: exactly one papermill parameters cell"

@@ -1,0 +1,57 @@
+"""Runtime detection: platform, device/backend, sizes and storage come from one place."""
+import pytest
+
+from coursekit.runtime import REPO_ROOT, SIZES, detect
+
+
+def test_this_machine_is_a_cpu_box_with_gloo():
+    rt = detect({"COURSE_SIZE": "smoke"})
+    assert rt.device == "cpu" and rt.backend == "gloo" and not rt.use_gpu
+    assert rt.default_workers == 2
+    assert rt.sizes == SIZES["smoke"]
+
+
+@pytest.mark.parametrize("env, platform", [
+    ({}, "local"),
+    ({"CI": "true"}, "ci"),
+    ({"COURSE_GRADING": "1"}, "ci"),
+    ({"BINDER_LAUNCH_HOST": "https://mybinder.org/"}, "binder"),
+    ({"ANYSCALE_SESSION_ID": "ses_123"}, "anyscale"),
+    ({"COURSE_PLATFORM": "binder", "CI": "1"}, "binder"),
+])
+def test_platform_detection(env, platform):
+    assert detect(env).platform == platform
+
+
+def test_sizes_follow_the_platform():
+    assert detect({}).size == "cpu"              # a laptop without GPUs
+    assert detect({"CI": "1"}).size == "smoke"
+    assert detect({"COURSE_GRADING": "1"}).size == "smoke" and detect({"COURSE_GRADING": "1"}).grading
+    assert detect({"COURSE_SIZE": "gpu"}).sizes["train_samples"] == 60000
+    with pytest.raises(ValueError, match="COURSE_SIZE"):
+        detect({"COURSE_SIZE": "huge"})
+
+
+def test_gpus_switch_device_backend_workers_and_size(monkeypatch):
+    import coursekit.runtime as runtime
+
+    monkeypatch.setattr(runtime, "_count_gpus", lambda: 4)
+    rt = runtime.detect({})
+    assert (rt.device, rt.backend, rt.default_workers, rt.size) == ("cuda", "nccl", 4, "gpu")
+
+
+def test_storage_is_detected_not_hard_coded(tmp_path, monkeypatch):
+    import coursekit.runtime as runtime
+
+    assert detect({}).storage_path == str(REPO_ROOT / "build" / "ray_results")
+    assert detect({"COURSE_STORAGE": str(tmp_path)}).storage_path == str(tmp_path)
+    # On Anyscale the cluster storage is used when it exists, and the cluster is joined.
+    monkeypatch.setattr(runtime, "ANYSCALE_STORAGE", tmp_path)
+    rt = runtime.detect({"ANYSCALE_SESSION_ID": "x"})
+    assert rt.storage_path == str(tmp_path / "ray-train-course") and rt.ray_address == "auto"
+    assert rt.data_dir == str(tmp_path / "data")
+
+
+def test_small_machines_start_ray_lean():
+    assert detect({"COURSE_PLATFORM": "binder"}).lean
+    assert detect({"CI": "1"}).lean
