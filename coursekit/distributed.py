@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import socket
 import traceback
@@ -38,7 +39,9 @@ def _child(rank: int, world_size: int, port: int, backend: str, fn: Callable, ar
         dist.init_process_group(backend, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
         try:
-            results.put((rank, True, fn(rank, world_size, *args)))
+            # Plain pickle bytes: torch would otherwise share tensors through file
+            # descriptors that disappear when this process exits.
+            results.put((rank, True, pickle.dumps(fn(rank, world_size, *args))))
         finally:
             dist.destroy_process_group()
     except BaseException:  # report everything, including SystemExit from the student's code
@@ -79,7 +82,7 @@ def run_distributed(fn: Callable[..., Any], world_size: int = 2, *args: Any, bac
                     "collective that another rank never reached") from None
             if not ok:
                 raise RuntimeError(f"rank {rank} of {world_size} failed:\n{value}")
-            by_rank[rank] = value
+            by_rank[rank] = pickle.loads(value)
     finally:
         for p in procs:
             p.join(timeout=5)

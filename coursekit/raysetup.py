@@ -117,7 +117,16 @@ def init_ray(runtime: Runtime | None = None, quiet: bool | None = None, **overri
             kwargs.update(object_store_memory=256 * 2**20)
     kwargs["runtime_env"] = runtime_env
     kwargs.update(overrides)
-    ctx = ray.init(**kwargs)
+    try:
+        ctx = ray.init(**kwargs)
+    except Exception as e:
+        # Ray waits a fixed 30 s for its raylet to register; on a busy 2-core machine that
+        # is sometimes not enough. Starting again usually succeeds at once.
+        if "timed out during startup" not in str(e) or rt.ray_address:
+            raise
+        print("Ray did not start within 30 s (the machine is busy); trying once more ...")
+        ray.shutdown()
+        ctx = ray.init(**kwargs)
     if quiet:
         _install_log_filter()
     return ctx

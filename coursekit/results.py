@@ -31,6 +31,9 @@ def plot_curves(curves: dict[str, list[float]], xlabel: str = "epoch", title: st
         _, ax = plt.subplots(figsize=(6, 3.5))
     for label, ys in curves.items():
         ax.plot(range(1, len(ys) + 1), ys, marker="o", label=label)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(xlabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)

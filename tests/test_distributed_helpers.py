@@ -68,3 +68,12 @@ def _ddp_train_one_step(rank, world_size):
 
 def test_prepare_model_wraps_in_ddp_inside_a_simulated_group():
     assert run_distributed(_ddp_train_one_step, 2) == ["DistributedDataParallel"] * 2
+
+
+def _returns_tensors(rank, world_size):
+    return {"w": torch.full((3,), float(rank))}
+
+
+def test_tensors_come_back_after_the_processes_exit():
+    out = run_distributed(_returns_tensors, 2)
+    assert torch.equal(out[1]["w"], torch.ones(3))
