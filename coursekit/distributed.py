@@ -41,7 +41,9 @@ def _child(rank: int, world_size: int, port: int, backend: str, fn: Callable, ar
         try:
             # Plain pickle bytes: torch would otherwise share tensors through file
             # descriptors that disappear when this process exits.
-            results.put((rank, True, pickle.dumps(fn(rank, world_size, *args))))
+            value = pickle.dumps(fn(rank, world_size, *args))
+            dist.barrier()  # nobody tears the group down while a peer still talks to it
+            results.put((rank, True, value))
         finally:
             dist.destroy_process_group()
     except BaseException:  # report everything, including SystemExit from the student's code
@@ -63,6 +65,8 @@ def run_distributed(fn: Callable[..., Any], world_size: int = 2, *args: Any, bac
     example because one rank skipped a collective the others wait for)."""
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
+    import torch._dynamo  # noqa: F401  DDP imports it lazily: once here, not in every forked process
+
     ctx = mp.get_context("fork")
     results = ctx.Queue()
     port = free_port()

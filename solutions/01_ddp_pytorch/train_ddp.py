@@ -42,23 +42,24 @@ from coursekit.runtime import SIZES
 
 
 def parse_args(rt: coursekit.Runtime, argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=None,
                    help=f"epochs (default from the runtime: {rt.sizes['epochs']})")
     p.add_argument("--global-batch-size", type=int, default=None,
                    help="examples per optimizer step summed over ALL workers "
                         f"(default: {rt.sizes['global_batch_size']}); each worker gets global // world_size")
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default: 1e-3)")
     p.add_argument("--train-samples", type=int, default=None,
                    help=f"training examples to use (default: {rt.sizes['train_samples']})")
     p.add_argument("--test-samples", type=int, default=None,
                    help=f"test examples for the final accuracy (default: {rt.sizes['test_samples']})")
-    p.add_argument("--checkpoint-dir", default=str(Path(rt.storage_path) / "01_ddp_pytorch" / "checkpoints"),
-                   help="where rank 0 writes checkpoint.pt; on several nodes this must be shared storage")
+    default_ckpt = Path(rt.storage_path) / "01_ddp_pytorch" / "checkpoints"
+    p.add_argument("--checkpoint-dir", default=str(default_ckpt),
+                   help=f"where rank 0 writes checkpoint.pt; on several nodes this must be shared storage "
+                        f"(default: {default_ckpt})")
     p.add_argument("--metrics-out", default=None,
                    help="rank 0 writes {losses, test_accuracy, world_size, ...} as JSON here")
-    p.add_argument("--data-dir", default=rt.data_dir, help="dataset cache")
+    p.add_argument("--data-dir", default=rt.data_dir, help=f"dataset cache (default: {rt.data_dir})")
     p.add_argument("--smoke-test", action="store_true",
                    help="tiny sizes (coursekit's 'smoke' profile) for CI and quick checks")
     args = p.parse_args(argv)
@@ -95,6 +96,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(rt, argv)
 
     # 1. Who am I? torchrun puts these in the environment of every process it starts.
+    if "RANK" not in os.environ:
+        sys.exit("train_ddp.py is started by torchrun, which sets RANK, LOCAL_RANK and WORLD_SIZE; e.g.\n"
+                 "  torchrun --standalone --nproc_per_node=2 train_ddp.py --smoke-test")
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
@@ -154,7 +158,8 @@ def main(argv: list[str] | None = None) -> None:
             loss = F.cross_entropy(model(images), labels)
             loss.backward()   # DDP all-reduces (averages) the gradients here, overlapped with backward
             optimizer.step()  # identical gradients -> identical update on every rank
-            totals += torch.stack([loss.detach() * len(labels), torch.tensor(len(labels), device=device)])
+            totals[0] += loss.detach() * len(labels)
+            totals[1] += len(labels)
 
         # Each rank only saw its shard: sum the totals over all ranks for the true epoch loss.
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
