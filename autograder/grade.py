@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from autograder.release import CONFIG, SOLUTIONS, modules
+from autograder.release import CONFIG, SOLUTIONS, modules, tool_env
 
 NBGRADER = str(Path(sys.executable).parent / "nbgrader")
 
@@ -34,7 +33,7 @@ NBGRADER = str(Path(sys.executable).parent / "nbgrader")
 def _run(args: list[str], root: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([NBGRADER, *args, f"--CourseDirectory.root={root}",
                            f"--CourseDirectory.db_url=sqlite:///{root / 'gradebook.db'}"],
-                          cwd=root, capture_output=True, text=True, env=env)
+                          cwd=root, capture_output=True, text=True, env=tool_env(env))
 
 
 def find_submissions(folder: Path) -> dict[str, list[str]]:
@@ -75,9 +74,8 @@ def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bo
             if m in wanted:
                 shutil.copytree(submissions / student / m, root / "submitted" / student / m)
 
-    env = {**os.environ, "COURSE_GRADING": "1", "COURSE_SIZE": "smoke",
-           "COURSE_STORAGE": str(root / "ray_results"), "CUDA_VISIBLE_DEVICES": ""}
-    env.pop("COURSE_RECORD", None)
+    env = {"COURSE_GRADING": "1", "COURSE_SIZE": "smoke",
+           "COURSE_STORAGE": str(root / "ray_results"), "CUDA_VISIBLE_DEVICES": "", "COURSE_RECORD": ""}
     logs = {}
     for m in wanted:
         n = sum(m in mods for mods in found.values())

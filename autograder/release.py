@@ -10,6 +10,7 @@ read-only cells. The module's scripts are copied as they are.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -26,11 +27,18 @@ def modules() -> list[str]:
     return sorted(p.name for p in SOLUTIONS.iterdir() if p.is_dir() and p.name[:2].isdigit())
 
 
+def tool_env(extra: dict | None = None) -> dict:
+    """The environment for nbgrader: it runs ``alembic`` and kernels from this venv's bin/."""
+    env = {**os.environ, **(extra or {})}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
 def nbgrader(*args: str, cwd: Path, root: Path, extra: tuple[str, ...] = ()) -> None:
     """Run an nbgrader command with the course config and a given course root."""
     cmd = [str(Path(sys.executable).parent / "nbgrader"), *args,
            f"--CourseDirectory.root={root}", *extra]
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=tool_env())
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}")
 
