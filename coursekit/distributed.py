@@ -31,7 +31,7 @@ def _child(rank: int, world_size: int, port: int, backend: str, fn: Callable, ar
     import torch
     import torch.distributed as dist
 
-    code = 0
+    code, stage = 0, "setup"
     try:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                           LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
@@ -39,15 +39,17 @@ def _child(rank: int, world_size: int, port: int, backend: str, fn: Callable, ar
         dist.init_process_group(backend, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
         try:
+            stage = "fn"
             # Plain pickle bytes: torch would otherwise share tensors through file
             # descriptors that disappear when this process exits.
             value = pickle.dumps(fn(rank, world_size, *args))
+            stage = "teardown"
             dist.barrier()  # nobody tears the group down while a peer still talks to it
-            results.put((rank, True, value))
+            results.put((rank, "ok", value))
         finally:
             dist.destroy_process_group()
     except BaseException:  # report everything, including SystemExit from the student's code
-        results.put((rank, False, traceback.format_exc()))
+        results.put((rank, stage, traceback.format_exc()))
         code = 1
     finally:
         results.close()
@@ -75,18 +77,30 @@ def run_distributed(fn: Callable[..., Any], world_size: int = 2, *args: Any, bac
     for p in procs:
         p.start()
     by_rank: dict[int, Any] = {}
+    failure: tuple[int, str, str] | None = None
     try:
         while len(by_rank) < world_size:
             try:
-                rank, ok, value = results.get(timeout=timeout_s)
+                # After a first failure, wait briefly for the rank whose own code failed:
+                # its peers' errors ("connection reset") are only consequences.
+                rank, stage, value = results.get(timeout=timeout_s if failure is None else 5)
             except queue.Empty:
+                if failure is not None:
+                    break
                 raise TimeoutError(
                     f"the {world_size} processes did not finish within {timeout_s:.0f} s "
                     f"(ranks that answered: {sorted(by_rank)}); a rank may be waiting in a "
                     "collective that another rank never reached") from None
-            if not ok:
-                raise RuntimeError(f"rank {rank} of {world_size} failed:\n{value}")
-            by_rank[rank] = pickle.loads(value)
+            if stage == "ok":
+                by_rank[rank] = pickle.loads(value)
+                continue
+            if failure is None or (stage == "fn" and failure[1] != "fn"):
+                failure = (rank, stage, value)
+            if stage == "fn":
+                break
+        if failure is not None:
+            rank, _, text = failure
+            raise RuntimeError(f"rank {rank} of {world_size} failed:\n{text}")
     finally:
         for p in procs:
             p.join(timeout=5)
