@@ -14,6 +14,8 @@ STAMP  := $(VENV)/.course-installed
 KERNEL := ray-train-course
 SUBMISSIONS ?= submissions
 LAB_ARGS ?=
+# JupyterLab refuses to run as root unless told; containers and CI machines often are root.
+ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: lab test course assignments grade venv clean
 
@@ -28,7 +30,7 @@ $(STAMP): requirements.txt pyproject.toml
 	@touch $(STAMP)
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=course $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --notebook-dir=course $(ROOT_ARGS) $(LAB_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest tests

@@ -118,9 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         "lr": args.lr,
         "model": "resnet18",
     }
-    init_ray(rt)
     try:
-        scaling_config = make_scaling_config(args.num_workers, args.use_gpu,
+        if rt.ray_address is None:  # a local machine: refuse an impossible choice before starting Ray
+            make_scaling_config(args.num_workers, args.use_gpu, global_batch_size=config["global_batch_size"])
+        init_ray(rt)
+        scaling_config = make_scaling_config(args.num_workers, args.use_gpu,  # the cluster's resources
                                              global_batch_size=config["global_batch_size"])
     except ScalingError as e:
         print(f"error: {e}", file=sys.stderr)

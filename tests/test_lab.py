@@ -1,0 +1,66 @@
+"""`make lab` serves course/ with the course kernel and the widgets extension (headless, no browser)."""
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from coursekit.distributed import free_port
+from conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def lab():
+    port, token = free_port(), "course-test-token"
+    env = {**os.environ, "LAB_ARGS": f"--no-browser --port={port} --IdentityProvider.token={token} "
+                                     "--ServerApp.open_browser=False"}
+    proc = subprocess.Popen(["make", "lab"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+
+    def get(path):
+        req = urllib.request.Request(base + path, headers={"Authorization": f"token {token}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.read().decode()
+
+    deadline = time.time() + 120
+    while True:
+        try:
+            get("/api/status")
+            break
+        except Exception:
+            if time.time() > deadline or proc.poll() is not None:
+                _stop(proc)
+                pytest.fail("JupyterLab did not start: " + proc.stdout.read().decode()[-2000:])
+            time.sleep(1)
+    yield get
+    _stop(proc)
+
+
+def _stop(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+def test_lab_serves_the_course_folder(lab):
+    root = json.loads(lab("/api/contents"))
+    names = {item["name"] for item in root["content"]}
+    assert {"01_ddp_pytorch", "02_ray_train"} <= names
+    module = json.loads(lab("/api/contents/02_ray_train"))
+    assert "02_ray_train.ipynb" in {item["name"] for item in module["content"]}
+
+
+def test_the_course_kernel_is_registered(lab):
+    specs = json.loads(lab("/api/kernelspecs"))["kernelspecs"]
+    assert specs["ray-train-course"]["spec"]["display_name"] == "Python (Ray Train course)"
+
+
+def test_widgets_extension_is_installed(lab):
+    page = lab("/lab")
+    assert "@jupyter-widgets/jupyterlab-manager" in page
