@@ -37,3 +37,52 @@ def test_local_ray_reaches_coursekit_on_workers_and_prints_only_user_output(tmp_
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "coursekit/__init__.py" in proc.stdout and "'smoke'" in proc.stdout  # COURSE_* reached the worker
     assert "hello from a worker" in proc.stdout
+
+
+@pytest.mark.slow
+def test_joining_an_existing_cluster_ships_coursekit_to_its_workers(tmp_path):
+    """The Anyscale path: RAY_ADDRESS points at a running cluster; coursekit travels as a py_module."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    from coursekit.distributed import free_port
+
+    port = free_port()
+    ray_cli = str(Path(PY).parent / "ray")
+    head = subprocess.Popen([ray_cli, "start", "--head", "--block", f"--port={port}", "--num-cpus=1",
+                             "--include-dashboard=false", f"--temp-dir={tmp_path / 'ray'}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        script = tmp_path / "join.py"
+        script.write_text(
+            "import ray\n"
+            "from coursekit.raysetup import init_ray\n"
+            "from coursekit.runtime import detect\n"
+            "rt = detect()\n"
+            "assert rt.ray_address, rt\n"
+            "init_ray(rt)\n"
+            "@ray.remote\n"
+            "def where():\n"
+            "    import coursekit\n"
+            "    return coursekit.__file__\n"
+            "print('WORKER_COURSEKIT', ray.get(where.remote()))\n"
+            "print('CLUSTER_CPUS', ray.cluster_resources()['CPU'])\n")
+        env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{port}"}
+        deadline = time.time() + 120
+        while True:
+            proc = subprocess.run([PY, str(script)], capture_output=True, text=True, timeout=300, env=env)
+            if proc.returncode == 0 or time.time() > deadline:
+                break
+            time.sleep(3)  # the head may still be starting
+        assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-2500:]
+        worker_path = proc.stdout.split("WORKER_COURSEKIT ")[1].splitlines()[0]
+        assert "_ray_pkg_" in worker_path or "runtime_resources" in worker_path, worker_path
+        assert "CLUSTER_CPUS 1.0" in proc.stdout  # we joined the 1-CPU cluster, not a new local one
+    finally:
+        try:
+            os.killpg(head.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        head.wait(timeout=60)
