@@ -87,6 +87,23 @@ def _install_log_filter() -> bool:
         return False
 
 
+def _use_cluster_token() -> None:
+    """Clusters started with `ray start` (Ray >= 2.5x) require a token, kept in ~/.ray/auth_token.
+
+    A driver that joins by address does not switch to token mode by itself and then
+    fails with a bare "Failed to connect"; do what Ray does for local clusters."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        return
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    except Exception:  # an older/newer Ray without this helper: connect as before
+        pass
+
+
 def _course_env() -> dict[str, str]:
     """COURSE_* settings travel to the workers, so detect() there agrees with the driver."""
     env = {k: v for k, v in os.environ.items() if k.startswith("COURSE_")}
@@ -109,6 +126,7 @@ def init_ray(runtime: Runtime | None = None, quiet: bool | None = None, **overri
     if rt.ray_address:
         import coursekit
 
+        _use_cluster_token()
         runtime_env["py_modules"] = [str(Path(coursekit.__file__).parent)]
         kwargs.update(address=rt.ray_address)
     else:

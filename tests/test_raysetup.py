@@ -49,10 +49,14 @@ def test_joining_an_existing_cluster_ships_coursekit_to_its_workers(tmp_path):
 
     from coursekit.distributed import free_port
 
+    import shutil
+    import tempfile
+
     port = free_port()
     ray_cli = str(Path(PY).parent / "ray")
+    temp_dir = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # short: Ray's unix sockets live under it (107-char limit)
     head = subprocess.Popen([ray_cli, "start", "--head", "--block", f"--port={port}", "--num-cpus=1",
-                             "--include-dashboard=false", f"--temp-dir={tmp_path / 'ray'}"],
+                             "--include-dashboard=false", f"--temp-dir={temp_dir}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         script = tmp_path / "join.py"
@@ -70,12 +74,14 @@ def test_joining_an_existing_cluster_ships_coursekit_to_its_workers(tmp_path):
             "print('WORKER_COURSEKIT', ray.get(where.remote()))\n"
             "print('CLUSTER_CPUS', ray.cluster_resources()['CPU'])\n")
         env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{port}"}
-        deadline = time.time() + 120
+        env.pop("RAY_AUTH_MODE", None)  # as a student's terminal would be: init_ray finds the token
+        deadline = time.time() + 150
         while True:
-            proc = subprocess.run([PY, str(script)], capture_output=True, text=True, timeout=300, env=env)
+            proc = subprocess.run([PY, str(script)], capture_output=True, text=True, timeout=180, env=env,
+                                  cwd=tmp_path)  # not the repo: coursekit must arrive as a py_module
             if proc.returncode == 0 or time.time() > deadline:
                 break
-            time.sleep(3)  # the head may still be starting
+            time.sleep(5)  # the head may still be starting
         assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-2500:]
         worker_path = proc.stdout.split("WORKER_COURSEKIT ")[1].splitlines()[0]
         assert "_ray_pkg_" in worker_path or "runtime_resources" in worker_path, worker_path
@@ -86,3 +92,4 @@ def test_joining_an_existing_cluster_ships_coursekit_to_its_workers(tmp_path):
         except ProcessLookupError:
             pass
         head.wait(timeout=60)
+        shutil.rmtree(temp_dir, ignore_errors=True)
