@@ -48,8 +48,6 @@ RAY_ENV = {
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
     "RAY_DEDUP_LOGS": "0",
     "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
-    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
-    "TOKENIZERS_PARALLELISM": "false",
 }
 
 
@@ -64,8 +62,6 @@ def _is_noise(actor: str, line: str) -> bool:
 def _install_log_filter() -> bool:
     """Wrap Ray's driver-side log printer with the noise filter. False if Ray changed."""
     try:
-        import functools
-
         from ray._private import worker as ray_worker
 
         dispatcher = ray_worker.global_worker_stdstream_dispatcher
@@ -81,7 +77,7 @@ def _install_log_filter() -> bool:
                 ray_worker.print_to_stdstream({**data, "lines": lines}, ignore_prefix=ignore_prefix)
 
         dispatcher.remove_handler("ray_print_logs")
-        dispatcher.add_handler("ray_print_logs", functools.partial(filtered))
+        dispatcher.add_handler("ray_print_logs", filtered)
         return True
     except Exception:
         return False

@@ -23,11 +23,6 @@ def _private_storage(tmp_path_factory):
     yield
 
 
-@pytest.fixture
-def repo() -> Path:
-    return REPO
-
-
 @pytest.fixture(scope="session")
 def released(tmp_path_factory) -> Path:
     """What nbgrader generates from solutions/ right now (course/ must equal it)."""

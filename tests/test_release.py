@@ -81,6 +81,13 @@ def test_each_module_has_graded_exercises_with_hidden_tests():
         tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
         assert len(solutions) >= 3 and len(tests) >= 3, module
         assert sum("BEGIN HIDDEN TESTS" in c.source for c in tests) >= 3, module
-        assert all(c.metadata["nbgrader"]["locked"] for c in tests)
+        assert all(c.metadata["nbgrader"]["locked"] and 1 <= c.metadata["nbgrader"]["points"] <= 3 for c in tests)
+        test_ids = [c.metadata["nbgrader"]["grade_id"] for c in tests]
+        for cell in solutions:
+            gid = cell.metadata["nbgrader"]["grade_id"]
+            assert "### BEGIN SOLUTION" in cell.source and "### END SOLUTION" in cell.source, gid
+            assert any(t.startswith(f"test_{gid}") for t in test_ids), f"{module}: no test cell for {gid}"
+        ids = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells if "nbgrader" in c.metadata]
+        assert len(ids) == len(set(ids)), f"{module}: grade ids must be unique"
         params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
         assert len(params) == 1, f"{module}: exactly one papermill parameters cell"
