@@ -4,7 +4,7 @@
 #   make lab          JupyterLab on course/ (students)
 #   make test         the whole test suite (CI runs this)
 #   make course       execute every solution notebook (CPU) into build/course, with timings
-#   make assignments  regenerate course/ from solutions/ with nbgrader
+#   make assignments  regenerate course/ from solutions/ with nbgrader (MODULE=03_ray_data: one module)
 #   make grade SUBMISSIONS=dir   autograde a folder of submissions (instructors)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -39,7 +39,7 @@ course: $(STAMP)
 	$(PY) -m coursekit.notebooks solutions --out build/course
 
 assignments: $(STAMP)
-	$(PY) -m autograder.release
+	$(PY) -m autograder.release $(if $(MODULE),--module $(MODULE))
 
 grade: $(STAMP)
 	$(PY) -m autograder.grade $(SUBMISSIONS) --out build/grading

@@ -2,6 +2,7 @@
 
     python -m autograder.release            # regenerate course/ in place (make assignments)
     python -m autograder.release --into DIR # generate into DIR instead (the tests compare it)
+    python -m autograder.release --module 03_ray_data   # regenerate one module's folder only
 
 nbgrader replaces everything between ``### BEGIN SOLUTION`` and ``### END SOLUTION``
 with a stub, removes hidden tests, clears outputs and records checksums of the
@@ -43,16 +44,27 @@ def nbgrader(*args: str, cwd: Path, root: Path, extra: tuple[str, ...] = ()) -> 
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}")
 
 
-def generate(into: Path) -> None:
-    """Write the release of every module into ``into`` (which is replaced)."""
+def generate(into: Path, only: list[str] | None = None) -> None:
+    """Write the release of every module into ``into`` (which is replaced).
+
+    With ``only``, just those modules' folders inside ``into`` are replaced.
+    """
+    unknown = set(only or ()) - set(modules())
+    if unknown:
+        raise SystemExit(f"no such module under solutions/: {', '.join(sorted(unknown))}")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         shutil.copytree(SOLUTIONS, root / "solutions",
                         ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
         shutil.copy(CONFIG, root / "nbgrader_config.py")
-        for m in modules():
+        for m in only or modules():
             nbgrader("generate_assignment", m, "--force", cwd=root, root=root,
                      extra=(f"--CourseDirectory.db_url=sqlite:///{root / 'gradebook.db'}",))
+        if only:
+            for m in only:
+                shutil.rmtree(into / m, ignore_errors=True)
+                shutil.copytree(root / "course" / m, into / m)
+            return
         if into.exists():
             shutil.rmtree(into)
         shutil.copytree(root / "course", into)
@@ -61,9 +73,10 @@ def generate(into: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--into", type=Path, default=REPO / "course")
+    p.add_argument("--module", action="append", help="release only this module (repeatable)")
     args = p.parse_args(argv)
-    generate(args.into)
-    print(f"released {', '.join(modules())} into {args.into}")
+    generate(args.into, args.module)
+    print(f"released {', '.join(args.module or modules())} into {args.into}")
     return 0
 
 
