@@ -30,6 +30,82 @@ def build_small_cnn(num_classes: int = 10) -> nn.Module:
     )
 
 
+class Attention(nn.Module):
+    """Multi-head self-attention, written out (no fused fast paths), deterministic."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        if width % heads:
+            raise ValueError(f"the ViT width ({width}) must be a multiple of the number of heads ({heads})")
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, w = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.proj(y.transpose(1, 2).reshape(b, t, w))
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: attention, then an MLP, each with a residual."""
+
+    def __init__(self, width: int, heads: int, mlp_ratio: int = 4):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(width)
+        self.attn = Attention(width, heads)
+        self.norm2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, mlp_ratio * width), nn.GELU(),
+                                 nn.Linear(mlp_ratio * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class ViT(nn.Module):
+    """A small Vision Transformer for 1-channel 28x28 digits.
+
+    ``blocks`` is a ModuleList of identical transformer blocks: the unit FSDP2
+    shards one at a time. No dropout and no BatchNorm, so distributed training
+    can be compared exactly with a single process."""
+
+    def __init__(self, depth: int = 2, width: int = 64, heads: int = 4, patch: int = 7,
+                 image: int = 28, channels: int = 1, num_classes: int = 10, mlp_ratio: int = 4):
+        super().__init__()
+        if image % patch:
+            raise ValueError(f"the patch size ({patch}) must divide the image size ({image})")
+        tokens = (image // patch) ** 2 + 1                  # patches + the class token
+        self.patch_embed = nn.Conv2d(channels, width, patch, stride=patch)
+        self.cls_token = nn.Parameter(torch.zeros(1, width))
+        self.pos_embed = nn.Parameter(torch.randn(tokens, width) * 0.02)
+        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio) for _ in range(depth))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(images).flatten(2).transpose(1, 2)          # [B, patches, width]
+        x = torch.cat([self.cls_token.expand(len(x), 1, -1), x], dim=1) + self.pos_embed
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x[:, 0]))
+
+
+def build_vit(num_classes: int = 10, depth: int | None = None, width: int | None = None,
+              heads: int | None = None, patch: int | None = None) -> nn.Module:
+    """The course ViT; depth, width, heads and patch default to the runtime's size profile
+    (tiny on CPU, ViT-Large-like on GPU)."""
+    from coursekit.runtime import detect
+
+    sizes = detect().sizes
+    return ViT(depth=sizes["vit_depth"] if depth is None else depth,
+               width=sizes["vit_width"] if width is None else width,
+               heads=sizes["vit_heads"] if heads is None else heads,
+               patch=sizes["vit_patch"] if patch is None else patch,
+               num_classes=num_classes)
+
+
 @torch.no_grad()
 def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
              batch_size: int = 512, device: str | torch.device = "cpu") -> float:
@@ -42,7 +118,7 @@ def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
     return correct / max(len(labels), 1)
 
 
-MODELS = {"resnet18": build_resnet18, "small_cnn": build_small_cnn}
+MODELS = {"resnet18": build_resnet18, "small_cnn": build_small_cnn, "vit": build_vit}
 
 
 def build_model(name: str) -> nn.Module:
