@@ -1,0 +1,98 @@
+"""coursekit.memory: per-rank bytes of parameters, gradients and optimizer state (plain, DDP, FSDP2)."""
+import math
+
+import pytest
+import torch
+
+from coursekit.distributed import run_distributed
+from coursekit.memory import (bar_chart, count_params, format_bytes, local_tensor, memory_table,
+                              optimizer_state_bytes, padding_bytes, peak_device_bytes, rank_bytes)
+
+
+def _step(model, optimizer):
+    model(torch.randn(3, 5)).sum().backward()
+    optimizer.step()
+
+
+def test_plain_model_counts_full_tensors_and_adam_state():
+    model = torch.nn.Linear(5, 3)   # 18 parameters
+    optimizer = torch.optim.Adam(model.parameters())
+    assert rank_bytes(model, optimizer) == {"params": 72, "grads": 0, "optimizer": 0}
+    _step(model, optimizer)
+    got = rank_bytes(model, optimizer)
+    assert got["params"] == got["grads"] == 72
+    # two fp32 moments per parameter, plus one scalar step counter per parameter tensor
+    steps = sum(s["step"].numel() * s["step"].element_size() for s in optimizer.state.values())
+    assert got["optimizer"] == 2 * 72 + steps
+    assert count_params(model) == 18
+
+
+def test_optimizer_wrappers_and_partitioned_tensors():
+    model = torch.nn.Linear(5, 3)
+    optimizer = torch.optim.Adam(model.parameters())
+    _step(model, optimizer)
+
+    class Wrapper:  # e.g. a DeepSpeed-style wrapper that keeps the real optimizer in .optimizer
+        def __init__(self, inner):
+            self.optimizer = inner
+
+    assert optimizer_state_bytes(Wrapper(optimizer)) == optimizer_state_bytes(optimizer) > 0
+    assert optimizer_state_bytes(None) == 0
+    p = torch.nn.Parameter(torch.empty(0))
+    p.ds_tensor = torch.zeros(7)  # a ZeRO-3-style partition
+    assert local_tensor(p) is p.ds_tensor
+
+
+def _measure(rank, world_size, strategy):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 9), torch.nn.ReLU(), torch.nn.Linear(9, 3))  # 9 rows: uneven
+    if strategy == "ddp":
+        model = DDP(model)
+    else:
+        fully_shard(model[0], mesh=init_device_mesh("cpu", (world_size,)))
+        fully_shard(model, mesh=init_device_mesh("cpu", (world_size,)))
+    optimizer = torch.optim.Adam(model.parameters())
+    _step(model, optimizer)
+    return {"strategy": strategy, "world_size": world_size, "rank": rank, **rank_bytes(model, optimizer),
+            "padding": padding_bytes(model), "count": count_params(model)}
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_fsdp2_ranks_hold_local_shards(world_size):
+    ddp = run_distributed(_measure, world_size, "ddp")
+    fsdp = run_distributed(_measure, world_size, "fsdp2")
+    n = 5 * 9 + 9 + 9 * 3 + 3
+    assert all(r["count"] == n for r in ddp + fsdp), "count_params counts the global size"
+    assert all(r["params"] == r["grads"] == 4 * n for r in ddp)
+    # the shards add up to the whole, and each rank holds its chunk of every dim-0 split
+    assert sum(r["params"] for r in fsdp) == 4 * n
+    assert sum(r["grads"] for r in fsdp) == 4 * n
+    chunk = lambda rows, cols: [len(c) * cols for c in torch.arange(rows).chunk(world_size)] + [0] * world_size
+    expected = [4 * (chunk(9, 5)[r] + chunk(9, 1)[r] + chunk(3, 9)[r] + chunk(3, 1)[r]) for r in range(world_size)]
+    assert [r["params"] for r in fsdp] == expected
+    # padding: every rank allocates ceil(rows / N) rows per parameter
+    padded = 4 * (math.ceil(9 / world_size) * 6 + math.ceil(3 / world_size) * 10)
+    assert all(r["params"] + r["padding"] == padded for r in fsdp)
+    assert all(r["padding"] == 0 for r in ddp)
+    table = memory_table(ddp + fsdp)
+    assert list(table.columns)[-1] == "total" and len(table) == 2 * world_size
+
+
+def test_table_chart_and_formatting():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rows = [dict(strategy=s, world_size=2, rank=r, params=100 * (2 - (s == "fsdp2")), grads=10, optimizer=20)
+            for s in ("ddp", "fsdp2") for r in range(2)]
+    table = memory_table(rows)
+    assert table["total"].tolist()[0] == 230
+    ax = bar_chart(table)
+    assert len(ax.patches) == 3 * 2  # three stacked kinds for two strategies
+    with pytest.raises(ValueError, match="optimizer"):
+        memory_table([dict(strategy="ddp", world_size=1, rank=0, params=1, grads=1)])
+    assert format_bytes(512) == "512 B" and format_bytes(1536) == "1.50 KiB" and format_bytes(3 * 2**30) == "3.00 GiB"
+    assert peak_device_bytes("cpu") is None

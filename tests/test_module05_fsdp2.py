@@ -1,0 +1,88 @@
+"""Module 05 outside the notebook: FSDP2 on real gloo ranks equals one process, and shards memory by 1/N."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from coursekit.distributed import run_distributed
+from coursekit.memory import rank_bytes
+from coursekit.models import ViT, build_model
+
+SHAPE = dict(depth=2, width=64, heads=4, patch=7)   # the smoke-size ViT
+g = torch.Generator().manual_seed(1)
+BATCH = (torch.randn(8, 1, 28, 28, generator=g), torch.randint(0, 10, (8,), generator=g))
+
+
+def _sharded(world_size):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = ViT(**SHAPE)
+    mesh = init_device_mesh("cpu", (world_size,))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _fsdp_grads(rank, world_size):
+    import torch.distributed as dist
+
+    model = _sharded(world_size)
+    share = len(BATCH[1]) // world_size
+    mine = slice(rank * share, (rank + 1) * share)
+    loss = F.cross_entropy(model(BATCH[0][mine]), BATCH[1][mine])
+    loss.backward()
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
+    return mean.item() / world_size, {k: p.grad.full_tensor() for k, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_fsdp2_loss_and_gradients_equal_single_process(world_size):
+    loss, grads = run_distributed(_fsdp_grads, world_size)[0]
+    torch.manual_seed(0)
+    ref = ViT(**SHAPE)
+    ref_loss = F.cross_entropy(ref(BATCH[0]), BATCH[1])
+    ref_loss.backward()
+    assert abs(loss - ref_loss.item()) < 1e-5
+    assert set(grads) == {k for k, _ in ref.named_parameters()}
+    assert max((grads[k] - p.grad).abs().max().item() for k, p in ref.named_parameters()) < 1e-5
+
+
+def _bytes(rank, world_size, strategy):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if strategy == "ddp":
+        torch.manual_seed(0)
+        model = DDP(ViT(**SHAPE))
+    else:
+        model = _sharded(world_size)
+    optimizer = torch.optim.AdamW(model.parameters())
+    F.cross_entropy(model(BATCH[0][:2]), BATCH[1][:2]).backward()
+    optimizer.step()
+    return rank_bytes(model, optimizer)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_fsdp2_memory_per_rank_is_within_5_percent_of_one_nth(world_size):
+    ddp = run_distributed(_bytes, world_size, "ddp")
+    fsdp = run_distributed(_bytes, world_size, "fsdp2")
+    for kind in ("params", "grads", "optimizer"):
+        assert len({r[kind] for r in ddp}) == 1, "DDP ranks hold identical full copies"
+        full = ddp[0][kind]
+        assert full > 0
+        for r in fsdp:
+            assert r[kind] <= 1.05 * full / world_size, (kind, r[kind], full / world_size)
+        assert abs(sum(r[kind] for r in fsdp) - full) <= 0.01 * full, "the shards add up to one copy"
+
+
+def test_vit_builder_follows_the_runtime_sizes(monkeypatch):
+    monkeypatch.setenv("COURSE_SIZE", "smoke")
+    model = build_model("vit")
+    assert len(model.blocks) == 2 and model.head.in_features == 64
+    with pytest.raises(ValueError, match="multiple of the number of heads"):
+        ViT(width=30, heads=4)
+    with pytest.raises(ValueError, match="patch size"):
+        ViT(patch=5)
+    assert ViT(**SHAPE)(BATCH[0][:3]).shape == (3, 10)
