@@ -232,7 +232,7 @@ def configure_ray_data(plan: DataPlan, block_bytes: int = 4 * 2**20):
 
     Sets the CPU (and object-store) limit of Ray Data's streaming executor, a block size
     that suits a small object store, and turns the progress bars off (noise in a notebook).
-    Pass ``plan.data_config()`` as the trainer's ``data_config=`` to apply the same limits there."""
+    Pass ``plan.data_config()`` as the trainer's ``dataset_config=`` to apply the same limits there."""
     from ray.data import DataContext
 
     ctx = DataContext.get_current()
@@ -240,6 +240,9 @@ def configure_ray_data(plan: DataPlan, block_bytes: int = 4 * 2**20):
     ctx.target_max_block_size = block_bytes
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
+    from ray.util.debug import log_once
+
+    log_once("ray_data_progress_manager_disabled")  # we know: no "Progress bars disabled" warning here
     return ctx
 
 

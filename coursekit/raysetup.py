@@ -34,6 +34,7 @@ _NOISE = re.compile(
     r"|has constructor arguments in the object store and max_restarts"
     r"|Running in local mode\. The training function will run in the same process"
     r"|Reported metrics: \{"
+    r"|Progress bars disabled\. To enable"  # Ray Data, when coursekit.raydata turns the bars off
 )
 _NOISY_ACTORS = {"PlacementGroupCleaner"}
 # A warning (with its traceback) that the controller logs when a helper actor is

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     config = {"epochs": epochs, "global_batch_size": global_batch, "lr": args.lr, "model": "small_cnn"}
     name = args.name or f"train-ray-data-{time.strftime('%Y%m%d-%H%M%S')}"
     trainer = TorchTrainer(train_func, train_loop_config=config, scaling_config=scaling_config,
-                           datasets={"train": train_ds}, data_config=data_plan.data_config(),
+                           datasets={"train": train_ds}, dataset_config=data_plan.data_config(),
                            run_config=RunConfig(storage_path=storage_path(rt), name=name))
     start = time.perf_counter()
     with ObjectStoreMonitor() as store:
