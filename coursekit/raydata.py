@@ -2,8 +2,8 @@
 
 * the course digits written as real files: Parquet (``write_digits_parquet``)
   and an image folder, one sub-folder per label (``write_digits_image_folder``);
-* a synthetic data set of any size for streaming: the course digits at 4x
-  resolution (112x112 uint8) with noise, generated block by block on Ray
+* a synthetic data set of any size for streaming: the course digits at 8x
+  resolution (224x224 uint8) with noise, generated block by block on Ray
   Data's CPU workers, with a row ``id`` so that a test can check that every
   row reached training exactly once (``synthetic_dataset``);
 * the CPU budget of a job where Ray Train and Ray Data share a cluster
@@ -87,7 +87,7 @@ def require_files(folder: str | Path, pattern: str, what: str) -> list[Path]:
 
 # -- a synthetic data set of a chosen size ----------------------------------------------
 
-SCALE = 4                     # 28x28 digits -> 112x112 "raw" images
+SCALE = 8                     # 28x28 digits -> 224x224 "raw" images (ImageNet-sized)
 RAW_SIDE = 28 * SCALE
 ROW_BYTES = RAW_SIDE * RAW_SIDE + 8 + 8   # image + id + label, as generated
 
@@ -106,7 +106,7 @@ def synthetic_rows(size_bytes: float) -> int:
 
 
 def generate_synthetic_batch(batch: dict) -> dict:
-    """``{"id": int64[B]}`` -> ``{"id", "image": uint8[B,112,112], "label"}``: digit ``id % N`` at 4x, plus noise.
+    """``{"id": int64[B]}`` -> ``{"id", "image": uint8[B,224,224], "label"}``: digit ``id % N`` at 8x, plus noise.
 
     Deterministic in the ids (the noise is seeded by the batch's first id)."""
     ids = np.asarray(batch["id"], dtype=np.int64)
@@ -122,7 +122,7 @@ def generate_synthetic_batch(batch: dict) -> dict:
 def preprocess_synthetic(batch: dict) -> dict:
     """Preprocessing of the synthetic raw images, on Ray Data's CPU tasks.
 
-    uint8 [B,112,112] -> 4x4 average pooling -> float32 [B,1,28,28] in [0, 1], normalised with
+    uint8 [B,224,224] -> 8x8 average pooling -> float32 [B,1,28,28] in [0, 1], normalised with
     the course's mean and std (``coursekit.data``), so the model sees what it sees for real digits."""
     from coursekit.data import MEAN, STD
 
@@ -135,7 +135,7 @@ def preprocess_synthetic(batch: dict) -> dict:
 
 def synthetic_dataset(size_bytes: float | None = None, num_rows: int | None = None,
                       block_bytes: int = 4 * 2**20, num_cpus: float = 0.5, concurrency: int | None = None):
-    """A lazy Ray Dataset of synthetic 112x112 digits totalling about ``size_bytes`` (or ``num_rows`` rows).
+    """A lazy Ray Dataset of synthetic 224x224 digits totalling about ``size_bytes`` (or ``num_rows`` rows).
 
     Nothing is generated until the data set is consumed: blocks of about ``block_bytes``
     are made by Ray Data tasks (``num_cpus`` each) as the consumer asks for them."""

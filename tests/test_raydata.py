@@ -53,7 +53,7 @@ def test_synthetic_rows_are_deterministic_learnable_digits():
     assert synthetic_rows(100 * ROW_BYTES) == 100
     ids = np.arange(10, 20)
     a, b = generate_synthetic_batch({"id": ids}), generate_synthetic_batch({"id": ids})
-    assert a["image"].shape == (10, 112, 112) and a["image"].dtype == np.uint8
+    assert a["image"].shape == (10, 224, 224) and a["image"].dtype == np.uint8
     assert np.array_equal(a["image"], b["image"]) and a["id"].tolist() == ids.tolist()
     # preprocessing pools the noise away: close to the normalised 28x28 digit it came from
     base = load_digits(train=True, quiet=True)

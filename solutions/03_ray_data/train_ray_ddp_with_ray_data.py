@@ -4,9 +4,9 @@
     python train_ray_ddp_with_ray_data.py --data-size-gb 1 --epochs 2 --num-workers 2
     python train_ray_ddp_with_ray_data.py --data-size-gb 50 --num-workers 8 --use-gpu   # a GPU cluster
 
-The data are synthetic "raw" images (coursekit.raydata): the course digits at 112x112 with noise, as
+The data are synthetic "raw" images (coursekit.raydata): the course digits at 224x224 with noise, as
 many rows as make ``--data-size-gb``. Ray Data generates them block by block,
-preprocesses them on CPU tasks (4x4 average pooling down to 28x28, then
+preprocesses them on CPU tasks (8x8 average pooling down to 28x28, then
 normalisation) and streams the small tensors into the training workers; nothing
 holds the whole data set, so it may be many times larger than the object store.
 Compare it with ../02_ray_train/train_ray_ddp.py: the DataLoader and
