@@ -243,6 +243,9 @@ def configure_ray_data(plan: DataPlan, block_bytes: int = 4 * 2**20):
     from ray.util.debug import log_once
 
     log_once("ray_data_progress_manager_disabled")  # we know: no "Progress bars disabled" warning here
+    import logging
+
+    logging.getLogger("ray.data").setLevel(logging.WARNING)  # no per-run info lines in the notebook
     return ctx
 
 

@@ -35,6 +35,7 @@ _NOISE = re.compile(
     r"|Running in local mode\. The training function will run in the same process"
     r"|Reported metrics: \{"
     r"|Progress bars disabled\. To enable"  # Ray Data, when coursekit.raydata turns the bars off
+    r"|Dataset \S+ execution finished in [\d.]+ seconds"  # Ray Data's per-run info line
 )
 _NOISY_ACTORS = {"PlacementGroupCleaner"}
 # A warning (with its traceback) that the controller logs when a helper actor is
