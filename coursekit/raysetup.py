@@ -45,6 +45,7 @@ _KEEP = re.compile(r"Traceback|Error|error|fail|Fail|Exception|retry|Retry|resta
 
 # Environment for every Ray process we start: fewer helper actors and faster
 # polling, which matters on a 2-core machine.
+START_ATTEMPTS = 3
 RAY_ENV = {
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
@@ -133,16 +134,18 @@ def init_ray(runtime: Runtime | None = None, quiet: bool | None = None, **overri
             kwargs.update(object_store_memory=256 * 2**20)
     kwargs["runtime_env"] = runtime_env
     kwargs.update(overrides)
-    try:
-        ctx = ray.init(**kwargs)
-    except Exception as e:
-        # Ray waits a fixed 30 s for its raylet to register; on a busy 2-core machine that
-        # is sometimes not enough. Starting again usually succeeds at once.
-        if "timed out during startup" not in str(e) or rt.ray_address:
-            raise
-        print("Ray did not start within 30 s (the machine is busy); trying once more ...")
-        ray.shutdown()
-        ctx = ray.init(**kwargs)
+    # On a busy 2-core machine the raylet can die at start-up: it gives Ray's dashboard agent
+    # a hard-coded 15 s to write its port file (ray-project/ray#65983), and Ray then reports
+    # "timed out during startup" after 30 s. Starting again usually succeeds.
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            ctx = ray.init(**kwargs)
+            break
+        except Exception as e:
+            if "timed out during startup" not in str(e) or rt.ray_address or attempt == START_ATTEMPTS:
+                raise
+            print(f"Ray did not start (the machine is busy); trying again ({attempt + 1}/{START_ATTEMPTS}) ...")
+            ray.shutdown()
     if quiet:
         _install_log_filter()
     return ctx
