@@ -34,7 +34,7 @@ _NOISE = re.compile(
     r"|has constructor arguments in the object store and max_restarts"
     r"|Running in local mode\. The training function will run in the same process"
     r"|Reported metrics: \{"
-    r"|Progress bars disabled\. To enable"  # Ray Data, when coursekit.raydata turns the bars off
+    r"|Progress bars disabled\. To enable"  # Ray Data, when its progress bars are turned off
     r"|Dataset \S+ execution finished in [\d.]+ seconds"  # Ray Data's per-run info line
 )
 _NOISY_ACTORS = {"PlacementGroupCleaner"}
