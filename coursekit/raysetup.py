@@ -45,7 +45,6 @@ _KEEP = re.compile(r"Traceback|Error|error|fail|Fail|Exception|retry|Retry|resta
 
 # Environment for every Ray process we start: fewer helper actors and faster
 # polling, which matters on a 2-core machine.
-START_ATTEMPTS = 3
 RAY_ENV = {
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
@@ -108,6 +107,10 @@ def _course_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k.startswith("COURSE_")}
     env.update(RAY_ENV)
     return env
+
+
+# How often init_ray tries to start a local Ray before giving up (see the loop below).
+START_ATTEMPTS = 3
 
 
 def init_ray(runtime: Runtime | None = None, quiet: bool | None = None, **overrides):

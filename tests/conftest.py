@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -15,6 +16,23 @@ PY = sys.executable
 os.environ.setdefault("COURSE_SIZE", "smoke")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.pop("COURSE_RECORD", None)
+
+
+def read_pins(path: Path, strict: bool = True) -> dict[str, str]:
+    """name -> version of a pip requirements file's ``name==version`` lines. With ``strict``
+    every other non-comment line is an error; otherwise pip options (``-r``, ``--extra-index-url``)
+    are skipped."""
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?==([^\s;]+)", line)
+        if m:
+            pins[m.group(1).lower()] = m.group(3)
+        else:
+            assert not strict, f"{path.name}: {line!r} is not an exact pin (name==version)"
+    return pins
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -21,20 +21,11 @@ import pytest
 import ray
 import yaml
 
-from conftest import PY, REPO
+from conftest import PY, REPO, read_pins
 
 DEPLOY = REPO / "deploy"
 BINDER = REPO / "binder"
 IMAGE = f"ray-train-course:{ray.__version__}"
-
-
-def _pins(path: Path) -> dict[str, str]:
-    pins = {}
-    for line in path.read_text().splitlines():
-        m = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?==(\S+)", line.split("#")[0].strip())
-        if m:
-            pins[m.group(1).lower()] = m.group(3)
-    return pins
 
 
 # ---------------------------------------------------------------- cluster launcher
@@ -85,7 +76,7 @@ def _docs(name: str) -> list[dict]:
     return [d for d in yaml.safe_load_all((DEPLOY / "kuberay" / name).read_text()) if d]
 
 
-def _group_problems(where: str, group: dict, volumes_needed: bool = True) -> list[str]:
+def _group_problems(where: str, group: dict) -> list[str]:
     problems = []
     params = group.get("rayStartParams", {})
     if not isinstance(params, dict):
@@ -107,7 +98,7 @@ def _group_problems(where: str, group: dict, volumes_needed: bool = True) -> lis
                 problems.append(f"{where}: volumeMount {m['name']!r} has no volume")
         mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
         env = {e["name"]: e.get("value") for e in c.get("env", [])}
-        if volumes_needed and "/mnt/cluster_storage" not in mounts:
+        if "/mnt/cluster_storage" not in mounts:
             problems.append(f"{where}: the shared volume is not mounted at /mnt/cluster_storage")
         if not str(env.get("COURSE_STORAGE", "")).startswith("/mnt/cluster_storage/"):
             problems.append(f"{where}: COURSE_STORAGE must point into the shared volume")
@@ -221,7 +212,7 @@ def test_binder_uses_cpu_torch_of_the_pinned_versions_and_otherwise_the_same_req
     text = (BINDER / "requirements.txt").read_text()
     assert "--extra-index-url https://download.pytorch.org/whl/cpu" in text
     assert "-r ../requirements.txt" in text
-    main, binder = _pins(REPO / "requirements.txt"), _pins(BINDER / "requirements.txt")
+    main, binder = read_pins(REPO / "requirements.txt"), read_pins(BINDER / "requirements.txt", strict=False)
     for pkg in ("torch", "torchvision"):
         assert binder[pkg] == f"{main[pkg]}+cpu", f"binder must pin the CPU build of {pkg}=={main[pkg]}"
     assert (BINDER / "runtime.txt").read_text().strip() == "python-3.11"

@@ -1,9 +1,8 @@
 """The two install paths (pip via make, conda via environment.yml) agree, and the pins are the ones we test."""
-import re
 
 import yaml  # PyYAML comes with jupyter/ray
 
-from conftest import REPO
+from conftest import REPO, read_pins
 
 PINNED = {
     "torch": "2.14.1", "torchvision": "0.29.1", "ray": "2.60.0", "deepspeed": "0.19.8",
@@ -12,15 +11,7 @@ PINNED = {
 
 
 def requirements() -> dict[str, str]:
-    pins = {}
-    for line in (REPO / "requirements.txt").read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if not line:
-            continue
-        m = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?==([^\s;]+)", line)
-        assert m, f"requirements.txt: {line!r} is not an exact pin (name==version)"
-        pins[m.group(1).lower()] = m.group(3)
-    return pins
+    return read_pins(REPO / "requirements.txt")
 
 
 def test_requirements_are_exact_pins_with_the_course_versions():
