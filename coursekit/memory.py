@@ -166,3 +166,111 @@ def bar_chart(table, ax=None, title: str = "Model state per rank"):
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     return ax
+
+
+# --- DeepSpeed ZeRO (module 06) -------------------------------------------------------
+
+#: bytes per parameter: (parameters, gradients, optimizer state) for Adam(W).
+#: "mixed": the ZeRO paper's model (fp16/bf16 parameters and gradients, K = 12 bytes of
+#: fp32 master weights + two fp32 moments). "fp32": what DeepSpeed 0.19 holds when the
+#: model trains in fp32 (CPU here): stage 0 is a plain torch optimizer (two moments, 8 bytes,
+#: no master copy); stages 1-3 keep a separate fp32 master partition even though the model
+#: is fp32 already (4 + 8 = 12), measured in module 06.
+ZERO_PRECISIONS = {
+    "mixed": {"params": 2, "grads": 2, "optimizer": {0: 12, 1: 12, 2: 12, 3: 12}},
+    "fp32": {"params": 4, "grads": 4, "optimizer": {0: 8, 1: 12, 2: 12, 3: 12}},
+}
+
+
+def zero_bytes(num_params: int, world_size: int, stage: int, precision: str = "mixed") -> dict[str, float]:
+    """Bytes of parameters, gradients and optimizer state per rank under ZeRO ``stage`` (0-3).
+
+    Stage 1 partitions the optimizer state over the ``world_size`` ranks, stage 2 also the
+    gradients, stage 3 also the parameters (Rajbhandari et al., "ZeRO", 2020:
+    (2 + 2 + K) x Psi per rank for DDP, K = 12 for mixed-precision Adam). ``precision``
+    is ``"mixed"`` (the paper) or ``"fp32"`` (see :data:`ZERO_PRECISIONS`).
+    Activations, communication buckets and allocator overhead are not model state and not
+    included."""
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, not {stage!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, not {world_size}")
+    try:
+        b = ZERO_PRECISIONS[precision]
+    except KeyError:
+        raise ValueError(f"precision must be one of {sorted(ZERO_PRECISIONS)}, not {precision!r}") from None
+    n = num_params
+    return {
+        "params": b["params"] * n / (world_size if stage >= 3 else 1),
+        "grads": b["grads"] * n / (world_size if stage >= 2 else 1),
+        "optimizer": b["optimizer"][stage] * n / (world_size if stage >= 1 else 1),
+    }
+
+
+def _storage(t: torch.Tensor) -> tuple[int, int]:
+    s = t.untyped_storage()
+    return s.data_ptr(), s.nbytes()
+
+
+def _reachable_tensors(obj, out: list, seen: set, depth: int = 0, extras: bool = True) -> None:
+    """Tensors in ``obj`` (nested lists, tuples, dicts), with their ``.grad``/``ds_tensor`` if ``extras``."""
+    if depth > 4 or id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+        if extras:
+            out.extend(x for x in (obj.grad, getattr(obj, "ds_tensor", None)) if isinstance(x, torch.Tensor))
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _reachable_tensors(v, out, seen, depth + 1, extras)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _reachable_tensors(v, out, seen, depth + 1, extras)
+
+
+#: attributes of DeepSpeed's ZeRO optimizers that hold the fp32 master partition
+ZERO_MASTER_ATTRIBUTES = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
+
+
+def zero_rank_bytes(engine) -> dict[str, int]:
+    """This rank's bytes of parameters, gradients and optimizer state in a DeepSpeed engine.
+
+    Counts allocated storage, each storage once (DeepSpeed keeps parameters as views of
+    flat buffers): ``params`` are the model's parameters (under ZeRO-3 their partition
+    ``ds_tensor``; a parameter gathered at this moment counts in full); ``optimizer`` is
+    the inner optimizer's state (Adam's moments) plus the fp32 master partition
+    (``master``, also reported on its own); ``grads`` is everything else the ZeRO optimizer
+    holds: gradients, gradient partitions and its buffers (offload buffers too). Call it
+    on every rank, e.g. after a backward pass (gradients alive) that follows a first step
+    (optimizer state exists)."""
+    module = getattr(engine, "module", engine)
+    zero_opt = engine.optimizer
+    inner = getattr(zero_opt, "optimizer", None) or zero_opt
+    counted: set[int] = set()
+
+    def add(tensors) -> int:
+        total = 0
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                continue
+            ptr, nbytes = _storage(t)
+            if nbytes == 0 or ptr in counted:
+                continue
+            counted.add(ptr)
+            total += nbytes
+        return total
+
+    params = add(t for p in module.parameters() for t in (p.data, getattr(p, "ds_tensor", None)))
+    state: list = []
+    _reachable_tensors(dict(getattr(inner, "state", {})), state, set())
+    moments = add(state)
+    master_tensors: list = [p for g in getattr(inner, "param_groups", []) for p in g["params"]]
+    for name in ZERO_MASTER_ATTRIBUTES:
+        _reachable_tensors(getattr(zero_opt, name, None), master_tensors, set(), extras=False)
+    master = add(t.data if isinstance(t, torch.nn.Parameter) else t for t in master_tensors)
+    rest: list = [p.grad for p in module.parameters()]
+    if zero_opt is not inner:
+        _reachable_tensors(vars(zero_opt), rest, set())
+    grads = add(rest)
+    return {"params": params, "grads": grads, "optimizer": moments + master, "master": master}

@@ -96,3 +96,60 @@ def test_table_chart_and_formatting():
         memory_table([dict(strategy="ddp", world_size=1, rank=0, params=1, grads=1)])
     assert format_bytes(512) == "512 B" and format_bytes(1536) == "1.50 KiB" and format_bytes(3 * 2**30) == "3.00 GiB"
     assert peak_device_bytes("cpu") is None
+
+
+# --- DeepSpeed ZeRO (module 06) ---
+
+def test_zero_bytes_follows_the_zero_paper():
+    from coursekit.memory import zero_bytes
+
+    psi, n = 7_500_000_000, 64          # the paper's example: 7.5B parameters on 64 GPUs
+    total = lambda stage: sum(zero_bytes(psi, n, stage).values()) / 1e9
+    assert total(0) == pytest.approx(120)            # (2 + 2 + 12) x Psi
+    assert total(1) == pytest.approx(31.4, abs=0.05)  # 4 Psi + 12 Psi / N
+    assert total(2) == pytest.approx(16.6, abs=0.05)  # 2 Psi + 14 Psi / N
+    assert total(3) == pytest.approx(1.875)           # 16 Psi / N
+    assert zero_bytes(1000, 4, 1, "fp32") == {"params": 4000, "grads": 4000, "optimizer": 3000}
+    assert zero_bytes(1000, 4, 0, "fp32") == {"params": 4000, "grads": 4000, "optimizer": 8000}
+    assert zero_bytes(1000, 4, 3, "fp32") == {"params": 1000, "grads": 1000, "optimizer": 3000}
+    for bad in (dict(stage=4), dict(stage=1, precision="fp8"), dict(stage=1, world_size=0)):
+        with pytest.raises(ValueError):
+            zero_bytes(1000, **{"world_size": 2, **bad})
+
+
+def _zero_measure(rank, world_size, stage):
+    import deepspeed
+    import deepspeed.ops
+    from deepspeed.ops.op_builder.all_ops import ALL_OPS
+
+    from coursekit.memory import zero_rank_bytes
+
+    deepspeed.ops.__compatible_ops__ = dict.fromkeys(ALL_OPS, False)   # no C++ builds: plain gloo
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 40), torch.nn.ReLU(), torch.nn.Linear(40, 10))
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+              "train_batch_size": 4 * world_size, "steps_per_print": 10**9,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+              "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    for micro in range(3):   # one full step (2 micro-batches), then a backward with the gradients alive
+        engine.backward(engine(torch.randn(2, 20)).square().mean())
+        if micro < 2:
+            engine.step()
+    return zero_rank_bytes(engine)
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_zero_rank_bytes_counts_what_each_rank_holds(stage):
+    from coursekit.memory import zero_bytes
+
+    n = 20 * 40 + 40 + 40 * 10 + 10
+    expected = zero_bytes(n, 2, stage, "fp32")
+    for got in run_distributed(_zero_measure, 2, stage, timeout_s=120):
+        for kind in ("params", "optimizer"):
+            # flat buffers are padded to an alignment; the optimizer's step counters are tiny
+            assert expected[kind] <= got[kind] <= expected[kind] * 1.02 + 64, (stage, kind, got, expected)
+        # gradients: stages 1 and 2 also hold gradients waiting in their reduce bucket (at most a full copy)
+        slack = 4 * n if stage in (1, 2) else 64
+        assert expected["grads"] <= got["grads"] <= expected["grads"] + slack, (stage, got, expected)
+        assert got["master"] == (0 if stage == 0 else pytest.approx(4 * n / 2, abs=64))
