@@ -149,7 +149,8 @@ def test_zero_rank_bytes_counts_what_each_rank_holds(stage):
         for kind in ("params", "optimizer"):
             # flat buffers are padded to an alignment; the optimizer's step counters are tiny
             assert expected[kind] <= got[kind] <= expected[kind] * 1.02 + 64, (stage, kind, got, expected)
-        # gradients: stages 1 and 2 also hold gradients waiting in their reduce bucket (at most a full copy)
-        slack = 4 * n if stage in (1, 2) else 64
+        # gradients: in DeepSpeed 0.19 stages 1 and 2 also keep references to the last step's gradient
+        # tensors (``all_grad_tensors``) and bucket remainders: up to about one more full copy
+        slack = 1.2 * 4 * n if stage in (1, 2) else 64
         assert expected["grads"] <= got["grads"] <= expected["grads"] + slack, (stage, got, expected)
         assert got["master"] == (0 if stage == 0 else pytest.approx(4 * n / 2, abs=64))
