@@ -36,6 +36,7 @@ _NOISE = re.compile(
     r"|Reported metrics: \{"
     r"|Progress bars disabled\. To enable"  # Ray Data, when its progress bars are turned off
     r"|Dataset \S+ execution finished in [\d.]+ seconds"  # Ray Data's per-run info line
+    r"|PYTHON worker processes have been started on node"  # the raylet, when many actors start on 2 cores
 )
 _NOISY_ACTORS = {"PlacementGroupCleaner"}
 # A warning (with its traceback) that the controller logs when a helper actor is
@@ -50,6 +51,10 @@ RAY_ENV = {
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
     "RAY_DEDUP_LOGS": "0",
     "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+    # Ray Train gives a new worker group 60 s to get its resources. On 2 busy cores (two Tune
+    # trials each starting a controller and a worker that import torch) that is not enough, and
+    # a timed-out start could leave its placement group behind and starve the retry.
+    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "300",
 }
 
 
