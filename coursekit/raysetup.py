@@ -3,8 +3,9 @@
 * On Anyscale (or wherever ``RAY_ADDRESS`` is set) we join the existing cluster
   and ship ``coursekit`` to its workers with ``runtime_env={"py_modules": ...}``:
   Ray workers do not inherit the notebook's ``sys.path``.
-* Elsewhere we start a local Ray sized for this machine; on small machines
-  (Binder, CI) without the dashboard and with a capped object store.
+* Elsewhere we start a local Ray sized for this machine, without the dashboard
+  unless asked (``init_ray(dashboard=True)``), and on small machines (Binder,
+  CI) with a capped object store.
 * Ray Train's internal chatter (controller status lines, placement-group
   polling warnings, "Reporting training result ...") is filtered out of what
   the driver prints. Your own ``print`` calls on the workers, and every error
@@ -118,8 +119,13 @@ def _course_env() -> dict[str, str]:
 START_ATTEMPTS = 3
 
 
-def init_ray(runtime: Runtime | None = None, quiet: bool | None = None, **overrides):
-    """Start Ray for this machine, or join the cluster the runtime points at. Idempotent."""
+def init_ray(runtime: Runtime | None = None, quiet: bool | None = None, dashboard: bool = False, **overrides):
+    """Start Ray for this machine, or join the cluster the runtime points at. Idempotent.
+
+    ``dashboard=True`` starts a local Ray with its dashboard (about 10 s more start-up and a
+    few hundred MB): its State API is how Ray Train's placement-group cleaner learns that a
+    run's controller died, so a Tune trial stopped early frees its workers' CPUs (module 04,
+    ray-project/ray#54305). A cluster you join has its own dashboard."""
     import ray
 
     rt = runtime or detect()
@@ -137,7 +143,7 @@ def init_ray(runtime: Runtime | None = None, quiet: bool | None = None, **overri
         runtime_env["py_modules"] = [str(Path(coursekit.__file__).parent)]
         kwargs.update(address=rt.ray_address)
     else:
-        kwargs.update(num_cpus=rt.num_cpus, num_gpus=rt.num_gpus, include_dashboard=False)
+        kwargs.update(num_cpus=rt.num_cpus, num_gpus=rt.num_gpus, include_dashboard=dashboard)
         if rt.lean:
             kwargs.update(object_store_memory=256 * 2**20)
     kwargs["runtime_env"] = runtime_env

