@@ -1,0 +1,101 @@
+"""Module 06 outside the notebook: every ZeRO stage on 2 real gloo ranks trains like DDP and holds the
+bytes of the ZeRO memory model (no Ray, no C++ op builds)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from coursekit.distributed import run_distributed
+from coursekit.memory import count_params, zero_bytes
+from coursekit.models import ViT
+
+SHAPE = dict(depth=2, width=64, heads=4, patch=7)   # the smoke-size ViT
+STEPS, MICRO = 3, 4
+g = torch.Generator().manual_seed(1)
+DATA = (torch.randn(64, 1, 28, 28, generator=g), torch.randint(0, 10, (64,), generator=g))
+
+
+def _batch(step, micro, rank, world_size):
+    start = ((step * 2 + micro) * world_size + rank) * MICRO
+    return DATA[0][start:start + MICRO], DATA[1][start:start + MICRO]
+
+
+def _mean(value):
+    import torch.distributed as dist
+
+    t = torch.tensor(value)
+    dist.all_reduce(t)
+    return t.item() / dist.get_world_size()
+
+
+def _ddp(rank, world_size):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(ViT(**SHAPE))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for step in range(STEPS):
+        total = 0.0
+        for micro in range(2):
+            images, labels = _batch(step, micro, rank, world_size)
+            loss = F.cross_entropy(model(images), labels)
+            (loss / 2).backward()
+            total += loss.item() / 2
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # DeepSpeed 0.19's default gradient_clipping
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(_mean(total))
+    return losses
+
+
+def _zero(rank, world_size, stage):
+    import deepspeed
+    import deepspeed.ops
+    from deepspeed.ops.op_builder.all_ops import ALL_OPS
+
+    from coursekit.memory import zero_rank_bytes
+
+    deepspeed.ops.__compatible_ops__ = dict.fromkeys(ALL_OPS, False)   # no C++ builds
+    torch.manual_seed(0)
+    model = ViT(**SHAPE)
+    config = {"train_batch_size": 2 * MICRO * world_size, "train_micro_batch_size_per_gpu": MICRO,
+              "gradient_accumulation_steps": 2, "steps_per_print": 10**9,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+              "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    losses = []
+    for step in range(STEPS):
+        total = 0.0
+        for micro in range(2):
+            images, labels = _batch(step, micro, rank, world_size)
+            loss = F.cross_entropy(engine(images), labels)
+            engine.backward(loss)
+            engine.step()
+            total += loss.item() / 2
+        losses.append(_mean(total))
+    images, labels = _batch(0, 0, rank, world_size)
+    engine.backward(F.cross_entropy(engine(images), labels))
+    return losses, zero_rank_bytes(engine)
+
+
+@pytest.fixture(scope="module")
+def ddp_losses():
+    return run_distributed(_ddp, 2)[0]
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_zero_stage_trains_like_ddp_and_matches_the_memory_model(stage, ddp_losses):
+    ranks = run_distributed(_zero, 2, stage, timeout_s=300)
+    losses = ranks[0][0]
+    assert max(abs(a - b) for a, b in zip(losses, ddp_losses)) < 1e-4, (losses, ddp_losses)
+    n = count_params(ViT(**SHAPE))
+    expected = zero_bytes(n, 2, stage, "fp32")
+    for _, got in ranks:
+        for kind in ("params", "optimizer"):
+            assert expected[kind] <= got[kind] <= 1.01 * expected[kind] + 256, (stage, kind, got, expected)
+        # stages 1-2: DeepSpeed 0.19 also keeps the last step's gradient tensors and bucket remainders
+        slack = 0.3 * 4 * n if stage in (1, 2) else 256
+        assert expected["grads"] <= got["grads"] <= expected["grads"] + slack, (stage, got, expected)
+    if stage == 3:
+        full = zero_bytes(n, 1, 0, "fp32")
+        assert sum(ranks[0][1][k] for k in ("params", "grads", "optimizer")) < 0.7 * sum(full.values())
