@@ -1,0 +1,230 @@
+"""Fault-tolerant data-parallel training with Ray Train: module 04's script.
+
+    python train_fault_tolerant.py --name my-run                     # train; rerun the same line to resume
+    python train_fault_tolerant.py --name my-run --kill-at-epoch 2   # rank 1 SIGKILLs itself once at epoch 2
+    python train_fault_tolerant.py --name my-run --raise-at-epoch 3  # rank 0 raises once at epoch 3
+    python train_fault_tolerant.py --name my-run --stop-driver-after-epoch 1   # this driver dies; rerun to resume
+    python train_fault_tolerant.py --smoke-test ...                  # small and quick
+
+A complete checkpoint (model, optimizer, epoch counter, RNG state) is written by
+rank 0 after every epoch; a restarted worker group, or a rerun with the same
+``--name`` and storage, continues from the latest one without repeating or
+skipping an epoch. ``FailureConfig(max_failures=...)`` says how many worker
+failures one run survives. On a cluster (Anyscale, or RAY_ADDRESS set) the
+script joins it and writes to the shared storage that coursekit detects.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+import ray.train
+import ray.train.torch
+from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig
+from ray.train.torch import TorchTrainer
+
+from coursekit import detect
+from coursekit.data import load_digits
+from coursekit.faults import fired, inject_faults
+from coursekit.models import accuracy, build_model
+from coursekit.raysetup import init_ray, storage_path
+from coursekit.scaling import ScalingError, make_scaling_config
+
+STATE_FILE = "state.pt"
+
+
+def save_training_state(directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        epoch: int) -> None:
+    """Everything needed to continue: weights, optimizer moments, the finished epoch, RNG state."""
+    torch.save({"model": getattr(model, "module", model).state_dict(),  # unwrapped: loads anywhere
+                "optimizer": optimizer.state_dict(),
+                "epoch": epoch,                                      # the epoch that just finished
+                "rng": torch.get_rng_state()},
+               os.path.join(directory, STATE_FILE))
+
+
+def load_training_state(directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Restore model, optimizer and RNG from a checkpoint directory; return the epoch it finished."""
+    state = torch.load(os.path.join(directory, STATE_FILE), map_location="cpu", weights_only=True)
+    getattr(model, "module", model).load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"])
+    return state["epoch"]
+
+
+def resume(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """The first epoch to train: 0 on a fresh start, the epoch after the checkpoint's on a restart."""
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return 0
+    with checkpoint.as_directory() as d:
+        return load_training_state(d, model, optimizer) + 1
+
+
+def train_func(config: dict) -> None:
+    """The loop every Ray Train worker runs: resume, train, checkpoint (rank 0), report (all)."""
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    torch.manual_seed(config.get("seed", 0))
+    model = ray.train.torch.prepare_model(build_model(config.get("model", "small_cnn")))
+    optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
+    criterion = torch.nn.CrossEntropyLoss()
+    data = load_digits(train=True, limit=config["train_samples"], quiet=True)
+    loader = DataLoader(data.dataset(), batch_size=config["global_batch_size"] // ctx.get_world_size(),
+                        shuffle=True, drop_last=True)
+    loader = ray.train.torch.prepare_data_loader(loader)
+    test = load_digits(train=False, limit=config["test_samples"], quiet=True)
+
+    start_epoch = resume(model, optimizer)
+    markers = config.get("marker_dir")
+    last_fault = max(fired(markers).values(), default=None)  # when the latest injected fault fired
+    first_step_at = None
+    if start_epoch > 0 and rank == 0:
+        print(f"resuming from the checkpoint of epoch {start_epoch - 1}: starting at epoch {start_epoch}",
+              flush=True)
+    for epoch in range(start_epoch, config["epochs"]):
+        inject_faults(config.get("faults"), epoch, rank, markers)
+        if isinstance(loader.sampler, DistributedSampler):
+            loader.sampler.set_epoch(epoch)
+        model.train()
+        total = torch.zeros(2)
+        for images, labels in loader:
+            loss = criterion(model(images), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total += torch.tensor([loss.item() * len(labels), len(labels)])
+            first_step_at = first_step_at or time.time()
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(total)
+        metrics = {"epoch": epoch, "loss": (total[0] / total[1]).item(),
+                   "accuracy": accuracy(getattr(model, "module", model), test.tensors, test.labels),
+                   "started_at_epoch": start_epoch,
+                   # seconds from the latest fault to this worker group's first training step (-1: none)
+                   "recovery_s": first_step_at - last_fault if (last_fault and epoch == start_epoch) else -1.0}
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint = None
+            if rank == 0:
+                save_training_state(tmp, model, optimizer, epoch)
+                checkpoint = Checkpoint.from_directory(tmp)
+            ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=f"epoch_{epoch:04d}")
+
+
+def load_model(checkpoint: Checkpoint, model_name: str = "small_cnn") -> torch.nn.Module:
+    """A plain model from a checkpoint written by train_func, on the CPU, in eval mode."""
+    with checkpoint.as_directory() as d:
+        state = torch.load(os.path.join(d, STATE_FILE), map_location="cpu", weights_only=True)
+    model = build_model(model_name)
+    model.load_state_dict(state["model"])
+    return model.eval()
+
+
+def stop_driver_after(run_dir: Path, epoch: int) -> None:
+    """Kill this driver process (as a crashed laptop or a restarted kernel would) once the run
+    has registered the checkpoint of ``epoch``."""
+    snapshot = run_dir / "checkpoint_manager_snapshot.json"
+
+    def watch():
+        while True:
+            try:
+                if f"epoch_{epoch:04d}" in snapshot.read_text():
+                    print(f"[driver] checkpoint of epoch {epoch} is registered: killing the driver "
+                          f"(pid {os.getpid()}) now", flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
+            except OSError:
+                pass
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    rt = detect()
+    sizes = rt.sizes
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--name", default=None, help="run name under the storage path (rerun it to resume)")
+    p.add_argument("--num-workers", type=int, default=rt.default_workers)
+    p.add_argument("--use-gpu", action="store_true", default=False)
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--max-failures", type=int, default=2, help="worker failures this run survives")
+    p.add_argument("--kill-at-epoch", type=int, default=None, help="rank 1 SIGKILLs itself once at this epoch")
+    p.add_argument("--raise-at-epoch", type=int, default=None, help="rank 0 raises once at this epoch")
+    p.add_argument("--stop-driver-after-epoch", type=int, default=None,
+                   help="kill this driver once that epoch's checkpoint is registered")
+    p.add_argument("--smoke-test", action="store_true", help="tiny data, 4 epochs")
+    p.add_argument("--metrics-out", default=None, help="write the run's figures as JSON here")
+    args = p.parse_args(argv)
+    if args.smoke_test:
+        from coursekit.runtime import SIZES
+
+        sizes = SIZES["smoke"]
+    name = args.name or f"fault-tolerant-{time.strftime('%Y%m%d-%H%M%S')}"
+    epochs = args.epochs or max(4, sizes["epochs"])
+    faults = {}
+    if args.kill_at_epoch is not None:
+        faults["kill"] = {"epoch": args.kill_at_epoch, "rank": min(1, args.num_workers - 1)}
+    if args.raise_at_epoch is not None:
+        faults["raise"] = {"epoch": args.raise_at_epoch, "rank": 0}
+    for what, e in [("--kill-at-epoch", args.kill_at_epoch), ("--raise-at-epoch", args.raise_at_epoch),
+                    ("--stop-driver-after-epoch", args.stop_driver_after_epoch)]:
+        if e is not None and not 0 <= e < epochs:
+            print(f"error: {what} {e} is not one of the run's epochs 0..{epochs - 1}", file=sys.stderr)
+            return 2
+    try:
+        if rt.ray_address is None:
+            make_scaling_config(args.num_workers, args.use_gpu, global_batch_size=sizes["global_batch_size"])
+        init_ray(rt)
+        scaling_config = make_scaling_config(args.num_workers, args.use_gpu,
+                                             global_batch_size=sizes["global_batch_size"])
+    except ScalingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    root = storage_path(rt)
+    if "://" in root and faults:
+        print("error: fault injection needs a storage path on a shared file system", file=sys.stderr)
+        return 2
+    run_dir = Path(root) / name
+    config = {"epochs": epochs, "lr": args.lr, "global_batch_size": sizes["global_batch_size"],
+              "train_samples": sizes["train_samples"], "test_samples": sizes["test_samples"],
+              "model": "small_cnn", "seed": 0, "faults": faults, "marker_dir": str(run_dir / "fault_markers")}
+    load_digits(train=True, download=True)
+    if args.stop_driver_after_epoch is not None:
+        stop_driver_after(run_dir, args.stop_driver_after_epoch)
+    trainer = TorchTrainer(
+        train_func, train_loop_config=config, scaling_config=scaling_config,
+        run_config=RunConfig(name=name, storage_path=root,
+                             failure_config=FailureConfig(max_failures=args.max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=None)))
+    start = time.perf_counter()
+    result = trainer.fit()
+    wall = time.perf_counter() - start
+    df = result.metrics_dataframe
+    print(df[["epoch", "loss", "accuracy", "started_at_epoch", "recovery_s"]].to_string(index=False))
+    test = load_digits(train=False, limit=sizes["test_samples"], quiet=True)
+    acc = accuracy(load_model(result.checkpoint), test.tensors, test.labels)
+    print(f"test accuracy {acc:.3f}; fit took {wall:.1f} s; results in {result.path}")
+    if args.metrics_out:
+        with open(args.metrics_out, "w") as f:
+            json.dump({"epochs": df["epoch"].tolist(), "losses": df["loss"].tolist(),
+                       "started_at_epoch": df["started_at_epoch"].tolist(),
+                       "recovery_s": df["recovery_s"].tolist(), "test_accuracy": acc,
+                       "fit_seconds": wall, "path": result.path,
+                       "checkpoint": result.checkpoint.path}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
