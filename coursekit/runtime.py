@@ -29,12 +29,14 @@ ANYSCALE_STORAGE = Path("/mnt/cluster_storage")
 # "gpu" is the real thing on a GPU cluster.
 SIZES: dict[str, dict[str, int]] = {
     "smoke": dict(train_samples=1024, test_samples=256, epochs=2, global_batch_size=64,
-                  vit_depth=2, vit_width=64, vit_heads=4, vit_patch=7),
+                  vit_depth=2, vit_width=64, vit_heads=4, vit_patch=7, tune_trials=2),
     "cpu": dict(train_samples=1536, test_samples=256, epochs=3, global_batch_size=64,
-                vit_depth=3, vit_width=96, vit_heads=4, vit_patch=7),
+                vit_depth=3, vit_width=96, vit_heads=4, vit_patch=7, tune_trials=4),
     "gpu": dict(train_samples=60000, test_samples=10000, epochs=5, global_batch_size=512,
                 # ViT-Large-like (about 300M parameters): module 05 shards it with FSDP2
-                vit_depth=24, vit_width=1024, vit_heads=16, vit_patch=4),
+                vit_depth=24, vit_width=1024, vit_heads=16, vit_patch=4,
+                # Ray Tune trials in module 04's search (each one a Ray Train run)
+                tune_trials=8),
 }
 
 
