@@ -33,7 +33,7 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=course $(ROOT_ARGS) $(LAB_ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=25
 
 course: $(STAMP)
 	$(PY) -m coursekit.notebooks solutions --out build/course
