@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -49,6 +50,9 @@ def build_model(config: dict) -> ViT:
 
 def train(config: dict) -> dict:
     rt = detect()
+    if "RANK" not in os.environ:
+        sys.exit("train_ddp_torchrun.py is started by torchrun, which sets RANK, LOCAL_RANK and WORLD_SIZE:\n"
+                 "  torchrun --standalone --nproc_per_node=2 train_ddp_torchrun.py --smoke-test")
     rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     device = torch.device("cuda", local_rank) if rt.use_gpu else torch.device("cpu")
     if rt.use_gpu:
