@@ -34,13 +34,14 @@ def parse_args(argv=None) -> dict:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--smoke-test", action="store_true", help="the smallest sizes (CI)")
     p.add_argument("--metrics-out", default=None, help="write losses, accuracy, throughput and memory here")
+    p.add_argument("--checkpoint-dir", default=os.path.join(rt.storage_path, "07_scaling_up", "checkpoints"))
     args = p.parse_args(argv)
     sizes = SIZES["smoke"] if args.smoke_test else rt.sizes
     return {"epochs": args.epochs or sizes["epochs"], "lr": args.lr,
             "global_batch_size": args.global_batch_size or sizes["global_batch_size"],
             "train_samples": sizes["train_samples"], "test_samples": sizes["test_samples"],
             "vit": {k: sizes[f"vit_{k}"] for k in ("depth", "width", "heads", "patch")},
-            "metrics_out": args.metrics_out, "seed": 0}
+            "metrics_out": args.metrics_out, "checkpoint_dir": args.checkpoint_dir, "seed": 0}
 
 
 def build_model(config: dict) -> ViT:
@@ -82,6 +83,10 @@ def train(config: dict) -> dict:
         losses.append((total[0] / total[1]).item())
         if rank == 0:
             print(f"epoch {epoch}: loss {losses[-1]:.4f}", flush=True)
+            os.makedirs(config["checkpoint_dir"], exist_ok=True)   # on several nodes: shared storage
+            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
+                       os.path.join(config["checkpoint_dir"], "checkpoint.pt"))
+        dist.barrier()                                             # nobody reads it before it is written
     results = meter.results()
     memory_by_rank = [None] * world_size
     dist.all_gather_object(memory_by_rank, results.pop("memory"))

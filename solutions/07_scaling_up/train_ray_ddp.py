@@ -96,7 +96,8 @@ def train_func(config: dict) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint = None
             if rank == 0:
-                torch.save(getattr(model, "module", model).state_dict(), os.path.join(tmp, "model.pt"))
+                torch.save({"model": getattr(model, "module", model).state_dict(), "optimizer": optimizer.state_dict(),
+                            "epoch": epoch}, os.path.join(tmp, "checkpoint.pt"))
                 checkpoint = Checkpoint.from_directory(tmp)
             ray.train.report(metrics, checkpoint=checkpoint)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 import torch.nn.functional as F
@@ -29,13 +30,14 @@ def parse_args(argv=None) -> dict:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--smoke-test", action="store_true", help="the smallest sizes (CI)")
     p.add_argument("--metrics-out", default=None, help="write losses, accuracy, throughput and memory here")
+    p.add_argument("--checkpoint-dir", default=os.path.join(rt.storage_path, "07_scaling_up", "checkpoints"))
     args = p.parse_args(argv)
     sizes = SIZES["smoke"] if args.smoke_test else rt.sizes
     return {"epochs": args.epochs or sizes["epochs"], "lr": args.lr,
             "global_batch_size": args.global_batch_size or sizes["global_batch_size"],
             "train_samples": sizes["train_samples"], "test_samples": sizes["test_samples"],
             "vit": {k: sizes[f"vit_{k}"] for k in ("depth", "width", "heads", "patch")},
-            "metrics_out": args.metrics_out, "seed": 0}
+            "metrics_out": args.metrics_out, "checkpoint_dir": args.checkpoint_dir, "seed": 0}
 
 
 def build_model(config: dict) -> ViT:
@@ -65,6 +67,9 @@ def train(config: dict) -> dict:
             total += torch.tensor([loss.item() * len(labels), len(labels)], device=device)
         losses.append((total[0] / total[1]).item())
         print(f"epoch {epoch}: loss {losses[-1]:.4f}", flush=True)
+        os.makedirs(config["checkpoint_dir"], exist_ok=True)
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
+                   os.path.join(config["checkpoint_dir"], "checkpoint.pt"))
     test = load_digits(train=False, limit=config["test_samples"], quiet=True)
     return {"losses": losses, "test_accuracy": accuracy(model, test.tensors, test.labels, device=device),
             **meter.results()}
