@@ -46,7 +46,7 @@ def _strategy(name: str) -> str:
 
 
 def predict(num_params: int, world_size: int, strategy: str, precision: str = "fp32",
-            offload: bool = False) -> dict[str, float]:
+            offload: bool = False, accumulation: bool = True) -> dict[str, float]:
     """Bytes of model state per rank: ``params``, ``grads``, ``optimizer``, their sum on the
     accelerator (``device``) and what offload keeps in host memory instead (``host``).
 
@@ -59,6 +59,11 @@ def predict(num_params: int, world_size: int, strategy: str, precision: str = "f
       precision; in fp32 DeepSpeed 0.19 keeps a separate fp32 master partition, 4 + 4 + 12).
       ``offload=True`` is ZeRO-Offload: the optimizer state (stages 1-3) and, in stage 3, the
       parameters live on the host.
+    - ``accumulation``: whether gradients are accumulated over several micro-batches per optimizer step.
+      The paper's ZeRO-1 keeps full gradients; DeepSpeed 0.19 does so only between the micro-batches of an
+      accumulation. At the last micro-batch (and always with ``gradient_accumulation_steps=1``) it reduces
+      the gradients into this rank's partition and frees the rest, so ZeRO-1 then holds what ZeRO-2 holds
+      (measured in module 07). ``accumulation=False`` predicts that.
     """
     key = _strategy(strategy)
     if precision not in PRECISIONS:
@@ -79,7 +84,8 @@ def predict(num_params: int, world_size: int, strategy: str, precision: str = "f
         if offload:
             state, host = dict.fromkeys(KINDS, 0.0), state
     else:
-        state = zero_bytes(num_params, int(world_size), int(key[-1]), precision)
+        stage = int(key[-1])
+        state = zero_bytes(num_params, int(world_size), 2 if stage == 1 and not accumulation else stage, precision)
         if offload:
             host["optimizer"], state["optimizer"] = state["optimizer"], 0.0
             if key == "zero3":
@@ -87,13 +93,14 @@ def predict(num_params: int, world_size: int, strategy: str, precision: str = "f
     return {**state, "device": sum(state[k] for k in KINDS), "host": sum(host[k] for k in KINDS)}
 
 
-def compare(measured, num_params: int, precision: str = "fp32", tolerance: float = 0.10):
+def compare(measured, num_params: int, precision: str = "fp32", tolerance: float = 0.10,
+            accumulation: bool = True):
     """Prediction against measurement, one row per strategy and world size of ``measured``.
 
     ``measured`` is a DataFrame (or list of dicts) with ``strategy``, ``world_size`` and the bytes
     of ``params``, ``grads`` and ``optimizer`` of a rank (the largest rank per strategy counts).
     Returns a DataFrame with the predicted and measured totals, their ratio and ``within``
-    (``|ratio - 1| <= tolerance``)."""
+    (``|ratio - 1| <= tolerance``); ``accumulation`` as in :func:`predict`."""
     import pandas as pd
 
     df = pd.DataFrame(measured).copy()
@@ -101,7 +108,8 @@ def compare(measured, num_params: int, precision: str = "fp32", tolerance: float
     worst = df.loc[df.groupby(["strategy", "world_size"], sort=False)["measured"].idxmax()]
     rows = []
     for _, row in worst.iterrows():
-        predicted = predict(num_params, int(row["world_size"]), row["strategy"], precision)["device"]
+        predicted = predict(num_params, int(row["world_size"]), row["strategy"], precision,
+                            accumulation=accumulation)["device"]
         ratio = row["measured"] / predicted if predicted else float("nan")
         rows.append({"strategy": row["strategy"], "world_size": int(row["world_size"]),
                      "predicted": predicted, "measured": int(row["measured"]), "measured / predicted": ratio,
