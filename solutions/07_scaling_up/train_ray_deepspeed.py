@@ -80,7 +80,7 @@ def ds_config(config: dict, world_size: int) -> dict:
 def train_func(config: dict) -> None:
     deepspeed.ops.__compatible_ops__ = dict.fromkeys(ALL_OPS, False)   # no C++ builds: plain PyTorch ops
     deepspeed.utils.logger.setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use `torch\.distributed", category=FutureWarning)
+    warnings.filterwarnings("ignore", r".*is deprecated\. Please use `torch\.distributed", FutureWarning)  # DeepSpeed
     rank, world_size = ray.train.get_context().get_world_rank(), ray.train.get_context().get_world_size()
     device = ray.train.torch.get_device()
     model = build_model(config)
