@@ -31,8 +31,7 @@ from coursekit import detect
 
 os.environ.setdefault("DS_ACCELERATOR", detect().device)   # cuda on GPU nodes, cpu here
 import deepspeed  # noqa: E402
-import deepspeed.ops  # noqa: E402
-from deepspeed.ops.op_builder.all_ops import ALL_OPS  # noqa: E402
+import deepspeed.ops.op_builder.all_ops  # noqa: E402
 
 from coursekit.data import load_digits
 from coursekit.models import ViT, accuracy
@@ -77,10 +76,16 @@ def ds_config(config: dict, world_size: int) -> dict:
             "gradient_clipping": 0.0, "bf16": {"enabled": config["bf16"]}, "steps_per_print": 10**9}
 
 
-def train_func(config: dict) -> None:
-    deepspeed.ops.__compatible_ops__ = dict.fromkeys(ALL_OPS, False)   # no C++ builds: plain PyTorch ops
+def use_pytorch_ops_only() -> None:
+    """No C++ op builds: DeepSpeed's plain PyTorch paths (module 06). Kept out of train_func, which refers to
+    `torch`: cloudpickle would otherwise try to ship `torch.ops` along with `deepspeed.ops`."""
+    deepspeed.ops.__compatible_ops__ = dict.fromkeys(deepspeed.ops.op_builder.all_ops.ALL_OPS, False)
     deepspeed.utils.logger.setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", r".*is deprecated\. Please use `torch\.distributed", FutureWarning)  # DeepSpeed
+    warnings.filterwarnings("ignore", r".*is deprecated\. Please use `torch\.distributed", FutureWarning)
+
+
+def train_func(config: dict) -> None:
+    use_pytorch_ops_only()
     rank, world_size = ray.train.get_context().get_world_rank(), ray.train.get_context().get_world_size()
     device = ray.train.torch.get_device()
     model = build_model(config)
