@@ -1,0 +1,123 @@
+"""Module 07's baseline under Ray Train: DDP, launched as one Python command.
+
+    python train_ray_ddp.py --smoke-test                     # 2 CPU workers here
+    python train_ray_ddp.py --num-workers 8 --use-gpu        # on a GPU cluster (RAY_ADDRESS or Anyscale)
+
+Ray Train starts the workers and the process group; prepare_model wraps DDP and picks the device,
+prepare_data_loader adds the DistributedSampler; checkpoints go to the run's storage.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+import ray.train
+import ray.train.torch
+from ray.train import Checkpoint, RunConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+
+from coursekit import detect
+from coursekit.data import load_digits
+from coursekit.models import ViT, accuracy
+from coursekit.planner import StepMeter
+from coursekit.raysetup import init_ray, storage_path
+from coursekit.runtime import SIZES
+from coursekit.scaling import make_scaling_config
+
+
+def parse_args(argv=None) -> dict:
+    rt = detect()
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--global-batch-size", type=int, default=None)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--smoke-test", action="store_true", help="the smallest sizes (CI)")
+    p.add_argument("--metrics-out", default=None, help="write losses, accuracy, throughput and memory here")
+    p.add_argument("--num-workers", type=int, default=rt.default_workers)
+    p.add_argument("--use-gpu", action="store_true", default=rt.use_gpu)
+    args = p.parse_args(argv)
+    sizes = SIZES["smoke"] if args.smoke_test else rt.sizes
+    return {"epochs": args.epochs or sizes["epochs"], "lr": args.lr,
+            "global_batch_size": args.global_batch_size or sizes["global_batch_size"],
+            "train_samples": sizes["train_samples"], "test_samples": sizes["test_samples"],
+            "vit": {k: sizes[f"vit_{k}"] for k in ("depth", "width", "heads", "patch")},
+            "metrics_out": args.metrics_out, "seed": 0,
+            "num_workers": args.num_workers, "use_gpu": args.use_gpu}
+
+
+def build_model(config: dict) -> ViT:
+    torch.manual_seed(config["seed"])
+    return ViT(**config["vit"])
+
+
+def train_func(config: dict) -> None:
+    rank, world_size = ray.train.get_context().get_world_rank(), ray.train.get_context().get_world_size()
+    device = ray.train.torch.get_device()
+    model = ray.train.torch.prepare_model(build_model(config))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"])
+    data = load_digits(train=True, limit=config["train_samples"], quiet=True).dataset()
+    loader = DataLoader(data, batch_size=config["global_batch_size"] // world_size, shuffle=True, drop_last=True,
+                        generator=torch.Generator().manual_seed(config["seed"]))
+    loader = ray.train.torch.prepare_data_loader(loader)
+    meter = StepMeter(warmup=2, steps=config.get("measure_steps", 8))
+    losses = []
+    for epoch in range(config["epochs"]):
+        if isinstance(loader.sampler, DistributedSampler):
+            loader.sampler.set_epoch(epoch)
+        model.train()
+        total = torch.zeros(2, device=device)
+        for images, labels in loader:
+            loss = F.cross_entropy(model(images), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            meter.tick(model, optimizer, len(labels))
+            optimizer.step()
+            total += torch.tensor([loss.item() * len(labels), len(labels)], device=device)
+        dist.all_reduce(total)
+        losses.append((total[0] / total[1]).item())
+        metrics = {"epoch": epoch, "loss": losses[-1]}
+        if epoch == config["epochs"] - 1:
+            results = meter.results()
+            memory_by_rank = [None] * world_size
+            dist.all_gather_object(memory_by_rank, results.pop("memory"))
+            test = load_digits(train=False, limit=config["test_samples"], quiet=True)
+            plain = getattr(model, "module", model)      # DDP's wrapped model (one worker: no DDP)
+            metrics.update(losses=losses, test_accuracy=accuracy(plain, test.tensors, test.labels, device=device),
+                           **results, memory_by_rank=memory_by_rank)
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint = None
+            if rank == 0:
+                torch.save({"model": getattr(model, "module", model).state_dict(), "optimizer": optimizer.state_dict(),
+                            "epoch": epoch}, os.path.join(tmp, "checkpoint.pt"))
+                checkpoint = Checkpoint.from_directory(tmp)
+            ray.train.report(metrics, checkpoint=checkpoint)
+
+
+def main(argv=None) -> dict:
+    rt = detect()
+    config = parse_args(argv)
+    init_ray(rt)
+    scaling_config = make_scaling_config(config["num_workers"], config["use_gpu"],
+                                         global_batch_size=config["global_batch_size"])
+    run_config = RunConfig(storage_path=storage_path(rt), name=time.strftime("07-ray-ddp-%Y%m%d-%H%M%S"))
+    trainer = TorchTrainer(train_func, train_loop_config=config, scaling_config=scaling_config,
+                           run_config=run_config, torch_config=TorchConfig(backend=rt.backend))
+    results = trainer.fit().metrics
+    print({k: v for k, v in results.items() if k != "memory_by_rank"})
+    if config["metrics_out"]:
+        with open(config["metrics_out"], "w") as f:
+            json.dump(results, f)
+    return results
+
+
+if __name__ == "__main__":
+    main()
