@@ -95,3 +95,14 @@ def test_scripts_differ_from_the_baseline_only_where_they_must():
         added, same = marks.count("+ "), marks.count("  ")
         assert added > 5, f"{name} must change something"
         assert same > len(base) / 2, f"{name} should share most of the baseline (same parsing, model, loop)"
+
+
+@pytest.mark.parametrize("script", ["train_ray_ddp", "train_ray_fsdp2", "train_ray_deepspeed"])
+def test_train_func_can_be_shipped_to_ray_workers(script):
+    """`python train_ray_*.py` defines train_func in __main__: Ray pickles it by value, with its globals."""
+    import runpy
+
+    import ray.cloudpickle
+
+    namespace = runpy.run_path(str(MODULE / f"{script}.py"), run_name="__ray_script__")   # main() does not run
+    assert len(ray.cloudpickle.dumps(namespace["train_func"])) > 0
