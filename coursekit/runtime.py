@@ -143,14 +143,18 @@ def detect(env: dict | None = None) -> Runtime:
     if size not in SIZES:
         raise ValueError(f"COURSE_SIZE={size!r} is not one of {', '.join(SIZES)}")
 
-    if env.get("COURSE_STORAGE"):
+    # A URI (s3://bucket/path, gs://...) is for Ray Train's pyarrow file system: keep it as written.
+    storage_uri = env["COURSE_STORAGE"] if "://" in env.get("COURSE_STORAGE", "") else None
+    if storage_uri:
+        storage = None
+    elif env.get("COURSE_STORAGE"):
         storage = Path(env["COURSE_STORAGE"]).expanduser()
     elif platform == "anyscale" and ANYSCALE_STORAGE.is_dir():
         storage = ANYSCALE_STORAGE / "ray-train-course"
     else:
         storage = REPO_ROOT / "build" / "ray_results"
     data_dir = Path(env["COURSE_DATA"]).expanduser() if env.get("COURSE_DATA") else (
-        storage.parent / "data" if platform == "anyscale" else REPO_ROOT / "data"
+        storage.parent / "data" if platform == "anyscale" and storage is not None else REPO_ROOT / "data"
     )
 
     ray_address = env.get("RAY_ADDRESS") or ("auto" if platform == "anyscale" else None)
@@ -160,7 +164,7 @@ def detect(env: dict | None = None) -> Runtime:
         num_gpus=num_gpus,
         memory_gib=round(memory_gib, 1),
         size=size,
-        storage_path=str(storage.resolve()),
+        storage_path=storage_uri or str(storage.resolve()),
         data_dir=str(data_dir.resolve()),
         ray_address=ray_address,
         grading=grading,

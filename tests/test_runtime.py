@@ -45,6 +45,8 @@ def test_storage_is_detected_not_hard_coded(tmp_path, monkeypatch):
 
     assert detect({}).storage_path == str(REPO_ROOT / "build" / "ray_results")
     assert detect({"COURSE_STORAGE": str(tmp_path)}).storage_path == str(tmp_path)
+    # a bucket URI (what deploy/cluster.yaml tells users to set) reaches Ray Train unchanged
+    assert detect({"COURSE_STORAGE": "s3://bucket/ray-train-course"}).storage_path == "s3://bucket/ray-train-course"
     # On Anyscale the cluster storage is used when it exists, and the cluster is joined.
     monkeypatch.setattr(runtime, "ANYSCALE_STORAGE", tmp_path)
     rt = runtime.detect({"ANYSCALE_SESSION_ID": "x"})
