@@ -108,3 +108,24 @@ def run_distributed(fn: Callable[..., Any], world_size: int = 2, *args: Any, bac
                 p.kill()
                 p.join()
     return [by_rank[r] for r in range(world_size)]
+
+
+def deepspeed_pytorch_ops_only() -> None:
+    """Tell DeepSpeed that none of its optional C++ ops is available, so it never starts a compiler.
+
+    DeepSpeed 0.19 JIT-compiles kernels (a shared-memory all-reduce on CPU, a CPU Adam) the first
+    time they are used; with every op marked unavailable it takes its plain PyTorch paths (gloo or
+    NCCL collectives, ``torch.optim.AdamW``). Call it in every process that runs DeepSpeed: the
+    kernel, each Ray worker (inside the training function), each forked rank. Also keeps DeepSpeed's
+    logger at WARNING and hides torch's deprecation warnings for the collectives DeepSpeed calls."""
+    import logging
+    import warnings
+
+    import deepspeed
+    import deepspeed.ops
+    from deepspeed.ops.op_builder.all_ops import ALL_OPS
+
+    deepspeed.ops.__compatible_ops__ = dict.fromkeys(ALL_OPS, False)
+    deepspeed.utils.logger.setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use `torch\.distributed",
+                            category=FutureWarning)

@@ -119,12 +119,11 @@ def test_zero_bytes_follows_the_zero_paper():
 
 def _zero_measure(rank, world_size, stage):
     import deepspeed
-    import deepspeed.ops
-    from deepspeed.ops.op_builder.all_ops import ALL_OPS
+    from coursekit.distributed import deepspeed_pytorch_ops_only
 
     from coursekit.memory import zero_rank_bytes
 
-    deepspeed.ops.__compatible_ops__ = dict.fromkeys(ALL_OPS, False)   # no C++ builds: plain gloo
+    deepspeed_pytorch_ops_only()   # no C++ op builds
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(20, 40), torch.nn.ReLU(), torch.nn.Linear(40, 10))
     config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,

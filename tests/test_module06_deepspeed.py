@@ -50,12 +50,11 @@ def _ddp(rank, world_size):
 
 def _zero(rank, world_size, stage):
     import deepspeed
-    import deepspeed.ops
-    from deepspeed.ops.op_builder.all_ops import ALL_OPS
+    from coursekit.distributed import deepspeed_pytorch_ops_only
 
     from coursekit.memory import zero_rank_bytes
 
-    deepspeed.ops.__compatible_ops__ = dict.fromkeys(ALL_OPS, False)   # no C++ builds
+    deepspeed_pytorch_ops_only()   # no C++ op builds
     torch.manual_seed(0)
     model = ViT(**SHAPE)
     config = {"train_batch_size": 2 * MICRO * world_size, "train_micro_batch_size_per_gpu": MICRO,

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import tempfile
 import time
-import warnings
 
 import torch
 import torch.distributed as dist
@@ -31,9 +29,9 @@ from coursekit import detect
 
 os.environ.setdefault("DS_ACCELERATOR", detect().device)   # cuda on GPU nodes, cpu here
 import deepspeed  # noqa: E402
-import deepspeed.ops.op_builder.all_ops  # noqa: E402
 
 from coursekit.data import load_digits
+from coursekit.distributed import deepspeed_pytorch_ops_only
 from coursekit.models import ViT, accuracy
 from coursekit.planner import StepMeter
 from coursekit.raysetup import init_ray, storage_path
@@ -76,16 +74,8 @@ def ds_config(config: dict, world_size: int) -> dict:
             "gradient_clipping": 0.0, "bf16": {"enabled": config["bf16"]}, "steps_per_print": 10**9}
 
 
-def use_pytorch_ops_only() -> None:
-    """No C++ op builds: DeepSpeed's plain PyTorch paths (module 06). Kept out of train_func, which refers to
-    `torch`: cloudpickle would otherwise try to ship `torch.ops` along with `deepspeed.ops`."""
-    deepspeed.ops.__compatible_ops__ = dict.fromkeys(deepspeed.ops.op_builder.all_ops.ALL_OPS, False)
-    deepspeed.utils.logger.setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", r".*is deprecated\. Please use `torch\.distributed", FutureWarning)
-
-
 def train_func(config: dict) -> None:
-    use_pytorch_ops_only()
+    deepspeed_pytorch_ops_only()   # no C++ op builds (module 06)
     rank, world_size = ray.train.get_context().get_world_rank(), ray.train.get_context().get_world_size()
     device = ray.train.torch.get_device()
     model = build_model(config)
