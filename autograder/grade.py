@@ -1,138 +1,481 @@
-"""Autograde a folder of submissions: grades.csv plus HTML feedback per student.
+"""Autograde a class: grades.csv, nbgrader's gradebook and HTML feedback per student.
 
-    python -m autograder.grade SUBMISSIONS [--out build/grading]      # make grade SUBMISSIONS=...
+    python -m autograder.grade SUBMISSIONS [--out build/grading] [--jobs N] [--timeout S]
+                               [--memory GIB] [--modules 01_ddp_pytorch,...] [--students roster.txt]
+    make grade SUBMISSIONS=folder-or-zip
 
-SUBMISSIONS uses nbgrader's layout: ``SUBMISSIONS/<student_id>/<module>/<module>.ipynb``
-(a student's whole module folder, as they downloaded it from course/).
+SUBMISSIONS is a folder in nbgrader's layout (``<student>/<module>/<module>.ipynb``), a folder
+per student, a flat folder or an LMS zip (see ``autograder/collect.py`` for the accepted names).
 
-The grader works in a scratch nbgrader course under ``OUT/nbgrader`` with its own
-gradebook: the instructor's notebooks from ``solutions/`` (hidden tests
-included) are registered there, every submission is autograded (its read-only
-cells restored from the source, the module's scripts taken from the source),
-and the results are exported. Nothing under solutions/ or course/ is written.
-Notebooks run with ``COURSE_GRADING=1``: small sizes, no downloads.
+What happens:
 
-Output: ``OUT/grades.csv`` (student, module, score, max_score, status) and
-``OUT/feedback/<student>/<module>/<module>.html``.
+1. The submissions are normalised into ``OUT/collected/<student>/<module>/``.
+2. Each module's source (``solutions/<module>``, hidden tests included) is registered in the
+   main gradebook ``OUT/nbgrader/gradebook.db`` (nbgrader's SQLite, a real nbgrader course
+   root you can open with formgrader) and in a one-module template gradebook
+   ``OUT/templates/<module>`` that every submission's scratch root starts from.
+3. Every (student, module) is checked in the grader's process first: an empty file, a file
+   that is not JSON or not a valid notebook is an "invalid notebook" (score 0, never run); a
+   read-only cell whose checksum differs from the source, or that is missing, makes the
+   status "tests modified" (the notebook is still graded: nbgrader restores the original
+   test cells, ``OverwriteCells.add_missing_cells`` re-adds deleted ones, so the score is what
+   the original tests give; the status tells the instructor to look).
+4. Every remaining submission is autograded in its own process and scratch root, up to
+   ``--jobs`` at a time, with a wall-clock and a memory limit (``autograder/contain.py`` says
+   exactly what is contained and what is not). A submission past the time limit is "timed
+   out" (score 0); a kernel that dies (``os._exit``, a segfault) or is killed for using more
+   than the memory limit is "kernel died" (score 0); nbgrader failing on the notebook for
+   another reason is "invalid notebook" (score 0, the error in the detail column).
+5. The parent (only it) merges each result into the main gradebook, copies the HTML feedback
+   to ``OUT/feedback/<student>/<module>/<module>.html`` and writes ``OUT/grades.csv``:
+   one row per (student, module) expected (every student found or listed in ``--students`` x
+   every module graded) with columns student, module, score, max_score, status, seconds,
+   detail; status is one of graded, timed out, kernel died, invalid notebook, tests modified,
+   missing. ``OUT/timings.json`` has grading seconds per submission per module.
+
+Reruns are incremental: a (student, module) whose submission folder and module source (and
+grader version) hash the same as last time is not graded again (``OUT/cache.json``); a
+timed-out or killed one is retried when the limits changed. Rerunning on the same input gives
+the same grades.csv and no duplicate gradebook rows.
+Notebooks run with ``COURSE_GRADING=1`` (their parameters cell skips the demo training runs),
+``COURSE_SIZE=smoke``, no GPU.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
+import html
+import json
+import os
 import shutil
-import subprocess
 import sys
+import tempfile
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from autograder.release import CONFIG, SOLUTIONS, modules, tool_env
+from autograder.collect import Found, collect
+from autograder.contain import jail_available, run_limited, write_kernelspec
+from autograder.release import CONFIG, REPO, SOLUTIONS, modules
 
-NBGRADER = str(Path(sys.executable).parent / "nbgrader")
-
-
-def _run(args: list[str], root: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([NBGRADER, *args, f"--CourseDirectory.root={root}",
-                           f"--CourseDirectory.db_url=sqlite:///{root / 'gradebook.db'}"],
-                          cwd=root, capture_output=True, text=True, env=tool_env(env))
-
-
-def find_submissions(folder: Path) -> dict[str, list[str]]:
-    """student -> modules submitted (nbgrader layout)."""
-    known = set(modules())
-    found: dict[str, list[str]] = {}
-    for student in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        mods = sorted(m.name for m in student.iterdir() if m.is_dir() and m.name in known
-                      and (m / f"{m.name}.ipynb").exists())
-        found[student.name] = mods
-    return found
+GRADER_VERSION = "2"
+STATUSES = ("graded", "tests modified", "timed out", "kernel died", "invalid notebook", "missing")
+FIELDS = ["student", "module", "score", "max_score", "status", "seconds", "detail"]
+DEFAULT_TIMEOUT = 300          # seconds per submission (wall clock, kernel start included)
+TIMEOUTS: dict[str, float] = {}  # per-module defaults where a module needs more
+DEFAULT_MEMORY = 6 * 2**30     # bytes RSS of the whole process tree of one submission
+IGNORE = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__")
 
 
-def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bool = False) -> list[dict]:
-    """Grade everything under ``submissions``; return one row per (student, module)."""
-    submissions, out = Path(submissions).resolve(), Path(out).resolve()
-    if not submissions.is_dir():
-        raise SystemExit(f"error: no submissions folder at {submissions} "
-                         "(expected SUBMISSIONS/<student>/<module>/<module>.ipynb)")
-    found = find_submissions(submissions)
-    wanted = only or sorted({m for mods in found.values() for m in mods})
-    root = out / "nbgrader"
-    if root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
-    shutil.copy(CONFIG, root / "nbgrader_config.py")
-    shutil.copytree(SOLUTIONS, root / "solutions",
-                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+# ---------------------------------------------------------------- nbgrader course roots
 
-    for m in wanted:
-        r = _run(["generate_assignment", m, "--force"], root)
-        if r.returncode:
-            raise RuntimeError(f"could not register {m} in the gradebook:\n{r.stderr[-2000:]}")
-    for student, mods in found.items():
-        _run(["db", "student", "add", student], root)
-        for m in mods:
-            if m in wanted:
-                shutil.copytree(submissions / student / m, root / "submitted" / student / m)
-
-    env = {"COURSE_GRADING": "1", "COURSE_SIZE": "smoke",
-           "COURSE_STORAGE": str(root / "ray_results"), "CUDA_VISIBLE_DEVICES": "", "COURSE_RECORD": ""}
-    logs = {}
-    for m in wanted:
-        n = sum(m in mods for mods in found.values())
-        say(f"autograding {m}: {n} submission(s) ...")
-        start = time.perf_counter()
-        r = _run(["autograde", m, "--force"], root, env=env)
-        logs[m] = r.stdout + r.stderr
-        say(f"  done in {time.perf_counter() - start:.0f} s")
-        _run(["generate_feedback", m, "--force"], root)
-
-    rows = export(root, found, wanted, logs)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "grades.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["student", "module", "score", "max_score", "status"])
-        writer.writeheader()
-        writer.writerows(rows)
-    if (root / "feedback").exists():
-        shutil.rmtree(out / "feedback", ignore_errors=True)
-        shutil.copytree(root / "feedback", out / "feedback")
-    for m, log in logs.items():
-        (out / f"autograde-{m}.log").write_text(log)
-    return rows
+def _config_text(root: Path, autograded: Path | None = None, timeout: float | None = None) -> str:
+    lines = ["c = get_config()  # noqa: F821",
+             f"load_subconfig({str(CONFIG)!r})  # noqa: F821  (the course's nbgrader settings)",
+             f"c.CourseDirectory.root = {str(root)!r}",
+             f"c.CourseDirectory.db_url = {'sqlite:///' + str(root / 'gradebook.db')!r}",
+             "c.OverwriteCells.add_missing_cells = True"]
+    if autograded:
+        lines.append(f"c.CourseDirectory.autograded_directory = {str(autograded)!r}")
+    if timeout:
+        lines.append(f"c.Execute.timeout = {int(min(600, max(10, timeout)))}")
+    return "\n".join(lines) + "\n"
 
 
-def export(root: Path, found: dict[str, list[str]], wanted: list[str], logs: dict[str, str]) -> list[dict]:
-    """One row per (student, module): the score from the gradebook, or why there is none."""
+def _api(root: Path):
+    from nbgrader.apps import NbGraderAPI
+    from traitlets.config.loader import PyFileConfigLoader
+
+    bindir = str(Path(sys.executable).parent)      # nbgrader runs `alembic` from PATH
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join([bindir, os.environ.get("PATH", "")])
+    return NbGraderAPI(config=PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config())
+
+
+def _hash_folder(folder: Path, h=None) -> "hashlib._Hash":
+    h = h or hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder)
+        if p.is_file() and not any(x in (".ipynb_checkpoints", "__pycache__") for x in rel.parts):
+            h.update(str(rel).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h
+
+
+def module_hash(module: str) -> str:
+    h = hashlib.sha256(f"grader {GRADER_VERSION}\0".encode())
+    h.update(CONFIG.read_bytes())
+    return _hash_folder(SOLUTIONS / module, h).hexdigest()
+
+
+def _register(root: Path, module: str) -> None:
+    """generate_assignment ``module`` in the course root ``root`` (its gradebook gets the cells)."""
+    shutil.rmtree(root / "solutions" / module, ignore_errors=True)
+    shutil.copytree(SOLUTIONS / module, root / "solutions" / module, ignore=IGNORE)
+    r = _api(root).generate_assignment(module, force=True, create=True)
+    if not r.get("success"):
+        raise RuntimeError(f"could not register {module}:\n{r.get('log')}\n{r.get('error')}")
+
+
+def prepare(out: Path, wanted: list[str]) -> dict[str, Path]:
+    """Template roots (one module each) and the main course root; redone only when a source changed."""
     from nbgrader.api import Gradebook, MissingEntry
 
-    rows = []
-    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
-        for student in sorted(found):
-            for m in wanted:
-                max_score = gb.find_assignment(m).max_score
-                row = {"student": student, "module": m, "score": 0.0, "max_score": max_score}
-                if m not in found[student]:
-                    row["status"] = "missing"
+    main = out / "nbgrader"
+    main.mkdir(parents=True, exist_ok=True)
+    (main / "nbgrader_config.py").write_text(_config_text(main))
+    hashes_file = main / "registered.json"
+    registered = json.loads(hashes_file.read_text()) if hashes_file.exists() else {}
+    templates = {}
+    for m in wanted:
+        digest = module_hash(m)
+        tpl = out / "templates" / m
+        if not (tpl / "gradebook.db").exists() or (tpl / "hash").read_text() != digest:
+            shutil.rmtree(tpl, ignore_errors=True)
+            tpl.mkdir(parents=True)
+            (tpl / "nbgrader_config.py").write_text(_config_text(tpl))
+            _register(tpl, m)
+            (tpl / "hash").write_text(digest)
+        templates[m] = tpl
+        if registered.get(m) != digest:
+            with Gradebook(f"sqlite:///{main / 'gradebook.db'}") as gb:
+                try:
+                    gb.remove_assignment(m)    # the source changed: old grades are void
+                except MissingEntry:
+                    pass
+            for sub in ("autograded", "feedback"):
+                for d in (main / sub).glob(f"*/{m}"):
+                    shutil.rmtree(d)
+            _register(main, m)
+            registered[m] = digest
+            hashes_file.write_text(json.dumps(registered, indent=1, sort_keys=True))
+    return templates
+
+
+# ---------------------------------------------------------------- checks before running anything
+
+def precheck(notebook: Path, template: Path, module: str) -> tuple[str, str]:
+    """(invalid, modified): why the notebook cannot be graded, and which read-only cells changed."""
+    import nbformat
+    from nbgrader.utils import compute_checksum
+
+    if not notebook.exists():
+        return f"no {module}.ipynb", ""
+    raw = notebook.read_bytes()
+    if not raw.strip():
+        return "empty file", ""
+    try:
+        json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        return f"not a notebook: the file is not valid JSON ({str(e)[:80]})", ""
+    try:
+        nb = nbformat.reads(raw.decode("utf-8"), as_version=4)
+        nbformat.validate(nb)
+    except Exception as e:  # noqa: BLE001  (nbformat raises several kinds)
+        return f"not a valid notebook ({type(e).__name__}: {str(e).splitlines()[0][:80]})", ""
+    def by_id(notebook):
+        return {c.metadata["nbgrader"]["grade_id"]: c for c in notebook.cells
+                if c.get("metadata", {}).get("nbgrader", {}).get("grade_id")}
+
+    cells = by_id(nb)
+    # the released notebook (hidden tests removed) is what the student started from
+    released = nbformat.read(template / "course" / module / f"{module}.ipynb", as_version=4)
+    changed = []
+    for gid, ref in by_id(released).items():
+        if not ref.metadata["nbgrader"].get("locked"):
+            continue
+        if gid not in cells:
+            changed.append(f"deleted {gid}")
+        elif compute_checksum(cells[gid]) != compute_checksum(ref):
+            changed.append(f"edited {gid}")
+    return "", ", ".join(changed)
+
+
+# ---------------------------------------------------------------- one submission
+
+def _hidden_paths(out: Path, submissions: Path, jobs_base: Path) -> list[Path]:
+    paths = [SOLUTIONS, REPO / ".git", REPO / "build", out, jobs_base]
+    if submissions.is_dir():
+        paths.append(submissions)
+    else:
+        paths.append(submissions.parent)
+    return [p.resolve() for p in paths]
+
+
+def run_job(f: Found, template: Path, jobs_base: Path, hide: list[Path], timeout: float,
+            memory: int) -> dict:
+    """Autograde one submission in its own scratch root and process; return what happened."""
+    job = Path(tempfile.mkdtemp(prefix="job-", dir=jobs_base))
+    root = job / "root"
+    root.mkdir()
+    shutil.copytree(template / "solutions" / f.module, root / "solutions" / f.module)
+    shutil.copy(template / "gradebook.db", root / "gradebook.db")
+    (root / "nbgrader_config.py").write_text(_config_text(root, job / "work", timeout))
+    shutil.copytree(f.folder, root / "submitted" / f.student / f.module)
+    workdir = job / "work" / f.student / f.module
+    env = {"COURSE_GRADING": "1", "COURSE_SIZE": "smoke", "COURSE_STORAGE": str(job / "storage"),
+           "CUDA_VISIBLE_DEVICES": "", "COURSE_RECORD": "", "MPLBACKEND": "Agg",
+           "JUPYTER_PATH": str(write_kernelspec(job, workdir, hide, REPO)),
+           "JUPYTER_RUNTIME_DIR": str(job / "runtime"), "PYTHONPATH": str(REPO),
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    outcome = run_limited([sys.executable, "-m", "autograder.worker", str(job), f.student, f.module],
+                          cwd=root, env=env, timeout=timeout, memory=memory, log=job / "worker.log")
+    result = {}
+    if (job / "result.json").exists():
+        result = json.loads((job / "result.json").read_text())
+    return {"job": job, "outcome": outcome, "result": result}
+
+
+def _status(run: dict, timeout: float, memory: int) -> tuple[str, str]:
+    o, r = run["outcome"], run["result"]
+    if o.killed == "timeout":
+        return "timed out", f"stopped after {timeout:.0f} s"
+    if o.killed == "memory":
+        return "kernel died", f"killed: used more than {memory / 2**30:.1f} GiB of memory"
+    if r.get("success"):
+        return "graded", ""
+    text = (r.get("error", "") + r.get("log", "") + o.output)
+    if "DeadKernelError" in text or "Kernel died" in text or "kernel died" in text.lower():
+        return "kernel died", "the kernel exited or crashed while running the notebook"
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    last = lines[-1].strip()[:200] if lines else f"grader exited with {o.returncode}"
+    return "invalid notebook", f"nbgrader could not grade it: {last}"
+
+
+def merge(main: Path, run: dict, student: str, module: str) -> float:
+    """Copy one autograded submission's grades into the main gradebook; return its score."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    job = run["job"]
+    with Gradebook(f"sqlite:///{job / 'root' / 'gradebook.db'}") as wgb, \
+            Gradebook(f"sqlite:///{main / 'gradebook.db'}") as gb:
+        wsub = wgb.find_submission(module, student)
+        gb.update_or_create_student(student)
+        try:
+            gb.remove_submission(module, student)
+        except MissingEntry:
+            pass
+        gb.add_submission(module, student, timestamp=wsub.timestamp)
+        for wnb in wsub.notebooks:
+            snb = gb.find_submission_notebook(wnb.name, module, student)
+            snb.flagged = wnb.flagged
+            for wg in wnb.grades:
+                g = gb.find_grade(wg.name, wnb.name, module, student)
+                g.auto_score, g.manual_score = wg.auto_score, wg.manual_score
+                g.extra_credit, g.needs_manual_grade = wg.extra_credit, wg.needs_manual_grade
+            for wc in wnb.comments:
+                c = gb.find_comment(wc.name, wnb.name, module, student)
+                c.auto_comment, c.manual_comment = wc.auto_comment, wc.manual_comment
+        gb.db.commit()
+        score = gb.find_submission(module, student).score
+    for sub, src in (("autograded", job / "work" / student / module),
+                     ("feedback", job / "root" / "feedback" / student / module)):
+        dest = main / sub / student / module
+        shutil.rmtree(dest, ignore_errors=True)
+        if src.exists():
+            shutil.copytree(src, dest, ignore=shutil.ignore_patterns(".*", "__pycache__"))
+    return score
+
+
+def _forget(main: Path, student: str, module: str) -> None:
+    """Drop an older graded version from the main gradebook (the new one could not be graded)."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(f"sqlite:///{main / 'gradebook.db'}") as gb:
+        gb.update_or_create_student(student)
+        try:
+            gb.remove_submission(module, student)
+        except MissingEntry:
+            pass
+    for sub in ("autograded", "feedback"):
+        shutil.rmtree(main / sub / student / module, ignore_errors=True)
+
+
+def _plain_feedback(main: Path, row: dict) -> None:
+    dest = main / "feedback" / row["student"] / row["module"] / f"{row['module']}.html"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(
+        f"<!doctype html><meta charset='utf-8'><title>{html.escape(row['module'])}</title>"
+        f"<h1>{html.escape(row['module'])}: {html.escape(row['student'])}</h1>"
+        f"<p>Score: {row['score']} / {row['max_score']}</p><p>Status: {html.escape(row['status'])}</p>"
+        f"<p>{html.escape(row['detail'])}</p>", encoding="utf-8")
+
+
+# ---------------------------------------------------------------- the class
+
+def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bool = False,
+          jobs: int | None = None, timeout: float | None = None, memory: float | None = None,
+          roster: list[str] | None = None) -> list[dict]:
+    """Grade everything under ``submissions``; return one row per expected (student, module).
+
+    ``timeout`` (seconds) and ``memory`` (bytes) apply to each submission; ``jobs`` submissions
+    are graded at once (default: the number of cores).
+    """
+    from nbgrader.api import Gradebook
+
+    submissions, out = Path(submissions).resolve(), Path(out).resolve()
+    if not submissions.exists():
+        raise SystemExit(f"error: no submissions at {submissions} (a folder in nbgrader's layout "
+                         "SUBMISSIONS/<student>/<module>/<module>.ipynb, a flat folder or an LMS zip)")
+    out.mkdir(parents=True, exist_ok=True)
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    all_modules = modules()
+    unknown = set(only or ()) - set(all_modules)
+    if unknown:
+        raise SystemExit(f"error: no such module under solutions/: {', '.join(sorted(unknown))}")
+    found, unmatched = collect(submissions, out, all_modules)
+    wanted = list(only) if only else sorted({f.module for f in found})
+    students = sorted({f.student for f in found} | set(roster or ()))
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    memory = int(memory or DEFAULT_MEMORY)
+    run_start = time.perf_counter()
+
+    templates = prepare(out, wanted)
+    main = out / "nbgrader"
+    with Gradebook(f"sqlite:///{main / 'gradebook.db'}") as gb:
+        max_scores = {m: gb.find_assignment(m).max_score for m in wanted}
+        for s in students:
+            gb.update_or_create_student(s)
+    cache_file = out / "cache.json"
+    cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
+    rows: dict[tuple[str, str], dict] = {}
+    todo: list[tuple[Found, str, str, float, str]] = []
+    n_cached = 0
+    for f in found:
+        if f.module not in wanted:
+            continue
+        limit = float(timeout or TIMEOUTS.get(f.module, DEFAULT_TIMEOUT))
+        key = _hash_folder(f.folder, hashlib.sha256(module_hash(f.module).encode())).hexdigest()
+        hit = cache.get(f"{f.student}/{f.module}")
+        if hit and hit["key"] == key and (hit["row"]["status"] not in ("timed out", "kernel died")
+                                          or hit["limits"] == [limit, memory]):
+            rows[(f.student, f.module)] = dict(hit["row"])
+            n_cached += 1
+            continue
+        base = {"student": f.student, "module": f.module, "score": 0.0,
+                "max_score": max_scores[f.module], "seconds": 0.0}
+        invalid, modified = ("", "") if not f.invalid else (f.invalid, "")
+        if not invalid:
+            invalid, modified = precheck(f.folder / f"{f.module}.ipynb", templates[f.module], f.module)
+        if invalid:
+            row = {**base, "status": "invalid notebook", "detail": invalid}
+            _forget(main, f.student, f.module)
+            _plain_feedback(main, row)
+            rows[(f.student, f.module)] = row
+            cache[f"{f.student}/{f.module}"] = {"key": key, "row": row, "limits": [limit, memory]}
+            continue
+        detail = "; ".join(x for x in (f.detail, modified and f"read-only cells changed: {modified}") if x)
+        todo.append((f, key, detail, limit, "tests modified" if modified else "graded"))
+
+    if todo:
+        say(f"grading {len(todo)} submission(s) of {len(wanted)} module(s), {jobs} at a time"
+            f"{'' if jail_available() else ' (no mount namespace: kernels see the whole filesystem)'}")
+    jobs_base = Path(tempfile.mkdtemp(prefix="course-grading-"))
+    hide = _hidden_paths(out, submissions, jobs_base)
+    try:
+        from tqdm import tqdm
+        bar = tqdm(total=len(todo), disable=quiet or not todo, unit="notebook", file=sys.stderr)
+    except ImportError:  # pragma: no cover
+        bar = None
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = {pool.submit(run_job, f, templates[f.module], jobs_base, hide, limit, memory):
+                       (f, key, detail, limit, ok) for f, key, detail, limit, ok in todo}
+            for fut in as_completed(futures):
+                f, key, detail, limit, ok = futures[fut]
+                run = fut.result()
+                status, why = _status(run, limit, memory)
+                row = {"student": f.student, "module": f.module, "score": 0.0,
+                       "max_score": max_scores[f.module], "seconds": round(run["outcome"].seconds, 1)}
+                if status == "graded":
+                    row["score"] = round(merge(main, run, f.student, f.module), 2)
+                    status = ok
+                    if run["result"].get("feedback") is False:
+                        why = "feedback could not be generated"
                 else:
-                    try:
-                        sub = gb.find_submission(m, student)
-                        row["score"] = round(sub.score, 2)
-                        row["status"] = "graded"
-                    except MissingEntry:
-                        row["status"] = "error: could not be autograded (see autograde log)"
-                rows.append(row)
-    return rows
+                    _forget(main, f.student, f.module)
+                row["status"] = status
+                row["detail"] = "; ".join(x for x in (detail, why) if x)
+                if status not in ("graded", "tests modified"):
+                    _plain_feedback(main, row)
+                logdir = out / "logs" / f.student
+                logdir.mkdir(parents=True, exist_ok=True)
+                (logdir / f"{f.module}.log").write_text(
+                    run["outcome"].output + "\n" + run["result"].get("log", "") + run["result"].get("error", ""))
+                shutil.rmtree(run["job"], ignore_errors=True)
+                rows[(f.student, f.module)] = row
+                cache[f"{f.student}/{f.module}"] = {"key": key, "row": row, "limits": [limit, memory]}
+                cache_file.write_text(json.dumps(cache, indent=1, sort_keys=True, ensure_ascii=False))
+                if bar is not None:
+                    bar.set_postfix_str(f"{f.student}/{f.module}: {status}", refresh=False)
+                    bar.update()
+    finally:
+        if bar is not None:
+            bar.close()
+        shutil.rmtree(jobs_base, ignore_errors=True)
+    cache_file.write_text(json.dumps(cache, indent=1, sort_keys=True, ensure_ascii=False))
+
+    table = []
+    for s in students:
+        for m in wanted:
+            table.append(rows.get((s, m)) or {"student": s, "module": m, "score": 0.0,
+                                              "max_score": max_scores[m], "status": "missing",
+                                              "seconds": 0.0, "detail": ""})
+    with open(out / "grades.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows({k: r[k] for k in FIELDS} for r in table)
+    fb = out / "feedback"
+    shutil.rmtree(fb, ignore_errors=True)
+    for r in table:
+        src = main / "feedback" / r["student"] / r["module"]
+        if r["status"] != "missing" and src.exists():
+            shutil.copytree(src, fb / r["student"] / r["module"])
+    timings = {}
+    for m in wanted:
+        secs = sorted(r["seconds"] for r in table if r["module"] == m and r["status"] in ("graded", "tests modified"))
+        if secs:
+            timings[m] = {"submissions": len(secs), "mean_s": round(sum(secs) / len(secs), 1),
+                          "median_s": secs[len(secs) // 2], "max_s": secs[-1]}
+    (out / "timings.json").write_text(json.dumps(
+        {"seconds_per_submission": timings, "jobs": jobs, "graded_this_run": len(todo),
+         "wall_s": round(time.perf_counter() - run_start, 1), "cpu_count": os.cpu_count()}, indent=1))
+    counts = Counter(r["status"] for r in table)
+    say("summary: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s])
+        + f" ({len(todo)} run now, {n_cached} unchanged since the last run)")
+    if unmatched:
+        say(f"{len(unmatched)} file(s) matched no accepted name and were not graded: {', '.join(unmatched[:5])}"
+            + (" ..." if len(unmatched) > 5 else ""))
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("submissions", type=Path)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("submissions", type=Path, help="folder or .zip of submissions")
     p.add_argument("--out", type=Path, default=Path("build/grading"))
     p.add_argument("--modules", default=None, help="comma-separated modules to grade (default: all found)")
+    p.add_argument("--students", type=Path, default=None,
+                   help="roster file, one student id a line: students without any submission get 'missing' rows")
+    p.add_argument("--jobs", type=int, default=None, help="submissions graded at once (default: cores)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help=f"seconds per submission (default {DEFAULT_TIMEOUT})")
+    p.add_argument("--memory", type=float, default=None,
+                   help=f"GiB per submission's process tree (default {DEFAULT_MEMORY / 2**30:.0f})")
+    p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
-    rows = grade(args.submissions, args.out, args.modules.split(",") if args.modules else None)
+    roster = None
+    if args.students:
+        roster = [ln.strip() for ln in args.students.read_text(encoding="utf-8").splitlines()
+                  if ln.strip() and not ln.startswith("#")]
+    rows = grade(args.submissions, args.out, args.modules.split(",") if args.modules else None,
+                 quiet=args.quiet, jobs=args.jobs, timeout=args.timeout,
+                 memory=args.memory * 2**30 if args.memory else None, roster=roster)
     for r in rows:
-        print(f"{r['student']:<20} {r['module']:<18} {r['score']:>6} / {r['max_score']:<6} {r['status']}")
-    print(f"grades: {args.out / 'grades.csv'}; feedback: {args.out / 'feedback'}")
+        print(f"{r['student']:<20} {r['module']:<20} {r['score']:>6} / {r['max_score']:<6} {r['status']:<16} {r['detail']}")
+    print(f"grades: {args.out / 'grades.csv'}; feedback: {args.out / 'feedback'}; "
+          f"gradebook: {args.out / 'nbgrader' / 'gradebook.db'}")
     return 0
 
 
