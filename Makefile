@@ -5,7 +5,9 @@
 #   make test         the whole test suite (CI runs this)
 #   make course       execute every solution notebook (CPU) into build/course, with timings
 #   make assignments  regenerate course/ from solutions/ with nbgrader (MODULE=03_ray_data: one module)
-#   make grade SUBMISSIONS=dir   autograde a folder of submissions (instructors)
+#   make grade SUBMISSIONS=dir   autograde a folder (or LMS .zip) of submissions (instructors);
+#                GRADE_ARGS="--jobs 2 --timeout 300 --students roster.txt" passes options
+#   make release      the student-only copy in build/student-release, checked for answers and hidden tests
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
@@ -17,7 +19,7 @@ LAB_ARGS ?=
 # JupyterLab refuses to run as root unless told; containers and CI machines often are root.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test course assignments grade venv clean
+.PHONY: lab test course assignments grade release venv clean
 
 venv: $(STAMP)
 
@@ -42,7 +44,10 @@ assignments: $(STAMP)
 	$(PY) -m autograder.release $(if $(MODULE),--module $(MODULE))
 
 grade: $(STAMP)
-	$(PY) -m autograder.grade $(SUBMISSIONS) --out build/grading
+	$(PY) -m autograder.grade $(SUBMISSIONS) --out build/grading $(GRADE_ARGS)
+
+release: $(STAMP)
+	$(PY) -m autograder.student_release --into build/student-release
 
 clean:
 	rm -rf build

@@ -387,7 +387,8 @@ def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bo
                 run = fut.result()
                 status, why = _status(run, limit, memory)
                 row = {"student": f.student, "module": f.module, "score": 0.0,
-                       "max_score": max_scores[f.module], "seconds": round(run["outcome"].seconds, 1)}
+                       "max_score": max_scores[f.module], "seconds": round(run["outcome"].seconds, 1),
+                       "peak_rss_mib": round(run["outcome"].peak_rss / 2**20)}
                 if status == "graded":
                     row["score"] = round(merge(main, run, f.student, f.module), 2)
                     status = ok
@@ -436,8 +437,10 @@ def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bo
     for m in wanted:
         secs = sorted(r["seconds"] for r in table if r["module"] == m and r["status"] in ("graded", "tests modified"))
         if secs:
+            peaks = [r.get("peak_rss_mib", 0) for r in table if r["module"] == m]
             timings[m] = {"submissions": len(secs), "mean_s": round(sum(secs) / len(secs), 1),
-                          "median_s": secs[len(secs) // 2], "max_s": secs[-1]}
+                          "median_s": secs[len(secs) // 2], "max_s": secs[-1],
+                          "max_tree_rss_mib": max(peaks)}
     (out / "timings.json").write_text(json.dumps(
         {"seconds_per_submission": timings, "jobs": jobs, "graded_this_run": len(todo),
          "wall_s": round(time.perf_counter() - run_start, 1), "cpu_count": os.cpu_count()}, indent=1))

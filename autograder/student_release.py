@@ -1,0 +1,125 @@
+"""The student-only copy of the course, and the check that no answer or hidden test is in it.
+
+    python -m autograder.student_release [--into build/student-release]     # make release
+
+writes ``course/`` (the nbgrader release: notebooks without solutions or hidden tests, and the
+modules' scripts), ``coursekit/``, ``binder/``, ``requirements.txt``, ``environment.yml``,
+``pyproject.toml`` and a student README (``autograder/STUDENT_README.md``) into the folder,
+then checks every file in it with ``leaks()``: no nbgrader solution/hidden-test marker, and no
+line of any module's solution code or hidden tests (lines longer than 25 characters that do
+not also appear in the visible part of the instructor's notebook). That folder is what a
+course publishes (a public repository, Binder). It fails (exit 1) if anything leaked.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+import nbformat
+
+from autograder.release import REPO, SOLUTIONS, modules
+
+MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
+PARTS = ("course", "coursekit", "binder", "requirements.txt", "environment.yml", "pyproject.toml")
+README = Path(__file__).with_name("STUDENT_README.md")
+
+
+def secret_lines(module: str) -> set[str]:
+    """Lines of ``module``'s solution code and hidden tests that must never reach students.
+
+    Lines of 25 characters or fewer (``return model``) and lines that also occur in the visible
+    part of the instructor's notebook are not counted.
+    """
+    source = nbformat.read(SOLUTIONS / module / f"{module}.ipynb", as_version=4)
+    secret = set()
+    for cell in source.cells:
+        text = cell.source
+        for begin, end in (("### BEGIN SOLUTION", "### END SOLUTION"),
+                           ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")):
+            while begin in text:
+                chunk = text.split(begin, 1)[1].split(end, 1)[0]
+                secret |= {ln.strip() for ln in chunk.splitlines() if len(ln.strip()) > 25}
+                text = text.replace(begin + chunk + end, "")
+    visible = {ln.strip() for c in source.cells for ln in c.source.split("### BEGIN")[0].splitlines()}
+    return secret - visible
+
+
+def leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
+    """What in ``folder`` must not reach students: ["path: what", ...] (empty when clean).
+
+    ``folder`` holds ``course/<module>/<module>.ipynb`` (a release) or is a release root itself.
+    Every text file is searched for nbgrader's solution/hidden-test markers; each module's
+    released notebook for lines of its own solution code and hidden tests (the same rule as
+    tests/test_release.py). The modules' scripts are released as they are, by design: they
+    are the complete teaching scripts, so lines they share with a notebook's solution are
+    not a leak.
+    """
+    folder = Path(folder)
+    course = folder / "course" if (folder / "course").is_dir() else folder
+    found = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        for marker in MARKERS:
+            if marker in text:
+                found.append(f"{path.relative_to(folder)}: nbgrader marker {marker!r}")
+    for m in mods or modules():
+        nb_path = course / m / f"{m}.ipynb"
+        if not nb_path.exists():
+            found.append(f"{nb_path.relative_to(folder)}: missing")
+            continue
+        public = nbformat.read(nb_path, as_version=4)
+        lines = {ln.strip() for c in public.cells for ln in c.source.splitlines()}
+        hit = sorted(lines & secret_lines(m))
+        if hit:
+            found.append(f"{nb_path.relative_to(folder)}: {len(hit)} line(s) of its solutions/hidden "
+                         f"tests, e.g. {hit[0]!r}")
+    for p in folder.rglob("*"):
+        if p.name in ("solutions", "autograder", "tests", ".git", "build"):
+            found.append(f"{p.relative_to(folder)}: instructor-only folder")
+    return found
+
+
+def build(into: Path) -> Path:
+    """Write the student copy into ``into`` (replaced)."""
+    into = Path(into)
+    if into.exists():
+        shutil.rmtree(into)
+    into.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info", ".*")
+    for part in PARTS:
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, into / part, ignore=ignore)
+        elif src.exists():
+            shutil.copy(src, into / part)
+    shutil.copy(README, into / "README.md")
+    return into
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--into", type=Path, default=REPO / "build" / "student-release")
+    args = p.parse_args(argv)
+    missing = set(modules()) - {d.name for d in (REPO / "course").iterdir() if d.is_dir()}
+    if missing:
+        print(f"error: course/ lacks {', '.join(sorted(missing))}: run `make assignments`", file=sys.stderr)
+        return 1
+    out = build(args.into)
+    problems = leaks(out)
+    if problems:
+        print("error: the student release contains instructor-only text:", *problems[:20], sep="\n  ",
+              file=sys.stderr)
+        return 1
+    n = sum(1 for p in out.rglob("*") if p.is_file())
+    print(f"student release: {out} ({n} files, modules {', '.join(modules())}); "
+          "no solution code and no hidden tests in it")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Bad submissions are contained: each gets its status and score, and nobody else's grade is lost.
+
+One grading run of the corpus from autograder/bad_submissions.py (module 01, the fastest to
+grade) with small limits, two at a time; then reruns: the same input again (nothing is
+graded, grades.csv is identical, the gradebook has no duplicates) and one late submission
+(only it is graded). The input layouts (flat folder, LMS zip) are checked without grading.
+"""
+import csv
+import json
+import shutil
+import sqlite3
+import zipfile
+
+import pytest
+
+from autograder.bad_submissions import MODULE, build
+from autograder.collect import collect
+from autograder.contain import jail_available
+from autograder.grade import FIELDS, STATUSES, grade
+from autograder.release import REPO, SOLUTIONS, modules
+from autograder.samples import solution_answers, write_submission
+
+TIMEOUT = 150            # s per submission: a good module-01 notebook takes ~25-50 s on a busy 2-core box
+MEMORY = 3 * 2**30       # a good module-01 grading peaks well under this (see timings.json)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    subs = tmp_path_factory.mktemp("corpus")
+    out = tmp_path_factory.mktemp("corpus-grading")
+    expected = build(subs, MODULE, out)
+    rows = grade(subs, out, only=[MODULE], quiet=True, jobs=2, timeout=TIMEOUT, memory=MEMORY)
+    return out, subs, expected, {r["student"]: r for r in rows}
+
+
+def _csv(out):
+    with open(out / "grades.csv", encoding="utf-8", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_every_bad_submission_gets_its_status_and_score(corpus):
+    _, _, expected, rows = corpus
+    assert set(rows) == set(expected)
+    for student, exp in expected.items():
+        r = rows[student]
+        assert r["status"] == exp["status"], f"{student}: {r['status']} ({r['detail']}), expected {exp['status']}"
+        if exp["score"] == "full":
+            assert r["score"] == r["max_score"] > 0, f"{student}: {r['score']}/{r['max_score']} {r['detail']}"
+        else:
+            assert r["score"] == 0, f"{student}: {r['score']}"
+    assert "deleted test_" in rows["deleted_test"]["detail"]
+    assert "edited test_" in rows["edited_test"]["detail"]
+    assert "memory" in rows["membomb"]["detail"]
+    assert "Copy1" in rows["renamed"]["detail"]
+
+
+@pytest.mark.slow
+def test_csv_schema_and_feedback(corpus):
+    out, _, expected, _ = corpus
+    table = _csv(out)
+    assert list(table[0]) == FIELDS
+    assert sorted(r["student"] for r in table) == sorted(expected)
+    for r in table:
+        assert r["module"] == MODULE and r["status"] in STATUSES
+        assert 0 <= float(r["score"]) <= float(r["max_score"]) and float(r["seconds"]) >= 0
+        html = out / "feedback" / r["student"] / MODULE / f"{MODULE}.html"
+        assert html.exists(), html
+    timings = json.loads((out / "timings.json").read_text())
+    assert timings["seconds_per_submission"][MODULE]["submissions"] >= 7
+
+
+@pytest.mark.slow
+def test_chatty_output_is_truncated_in_feedback(corpus):
+    out, _, _, _ = corpus
+    html = (out / "feedback" / "chatty" / MODULE / f"{MODULE}.html").read_text()
+    assert len(html) < 3_000_000, "nbgrader's LimitOutput should cut 100 000 printed lines"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not jail_available(), reason="no mount namespace (unshare) here: kernels see everything")
+def test_submissions_cannot_see_secrets_or_write_outside(corpus):
+    out, subs, _, _ = corpus
+    text = (out / "feedback" / "snoop" / MODULE / f"{MODULE}.html").read_text()
+    assert "SNOOP-SEES" in text, "the snoop cell did not run"
+    for name in ("solutions", "gradebook", "submissions", "scratch_source", "scratch_gradebook"):
+        assert f"SNOOP-SEES {name} False" in text, f"a submission could see {name}"
+    assert "SNOOP-WROTE" not in text
+    for p in (SOLUTIONS / "PWNED.txt", out / "PWNED.txt", REPO / "PWNED.txt", subs / "good" / "PWNED.txt"):
+        assert not p.exists(), p
+
+
+@pytest.mark.slow
+def test_rerun_is_identical_and_a_late_submission_alone_is_graded(corpus):
+    out, subs, expected, _ = corpus
+    before = (out / "grades.csv").read_bytes()
+    db = out / "nbgrader" / "gradebook.db"
+
+    def counts():
+        with sqlite3.connect(db) as con:
+            return {t: con.execute(f"select count(*) from {t}").fetchone()[0]
+                    for t in ("student", "submitted_assignment", "grade")}
+
+    n = counts()
+    grade(subs, out, only=[MODULE], quiet=True, jobs=2, timeout=TIMEOUT, memory=MEMORY)
+    assert (out / "grades.csv").read_bytes() == before
+    assert counts() == n
+    assert json.loads((out / "timings.json").read_text())["graded_this_run"] == 0
+
+    write_submission(subs, "late", MODULE, solution_answers(MODULE))
+    rows = {r["student"]: r for r in grade(subs, out, only=[MODULE], quiet=True, jobs=2,
+                                           timeout=TIMEOUT, memory=MEMORY)}
+    assert json.loads((out / "timings.json").read_text())["graded_this_run"] == 1
+    assert rows["late"]["status"] == "graded" and rows["late"]["score"] == rows["late"]["max_score"]
+    assert counts()["submitted_assignment"] == n["submitted_assignment"] + 1
+    old = {r["student"]: r for r in csv.DictReader(before.decode().splitlines())}
+    for r in _csv(out):
+        if r["student"] != "late":
+            assert r == old[r["student"]]
+
+
+def test_input_layouts_flat_folder_and_lms_zip(tmp_path):
+    """collect() reads nbgrader's layout, student folders, flat LMS names and a zip of them."""
+    ms = modules()
+    m = ms[0]
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    nb = (REPO / "course" / m / f"{m}.ipynb").read_bytes()
+    names = {f"ada_{m}.ipynb": ("ada", m),
+             f"{m}_bob_attempt_2024-05-01-10-00-00_{m}.ipynb": ("bob", m),
+             f"{m}_bob_attempt_2024-05-02-10-00-00_{m}.ipynb": ("bob", m),       # later attempt wins
+             f"carolsmith_LATE_1234_56789_{m}-1.ipynb": ("carolsmith", m),
+             f"{m}_dörte.ipynb": ("dörte", m),
+             "notes.ipynb": None}
+    for name in names:
+        (flat / name).write_bytes(nb)
+    (flat / "eve").mkdir()
+    (flat / "eve" / f"{m}.ipynb").write_bytes(nb)
+    found, unmatched = collect(flat, tmp_path / "out1", ms)
+    got = {(f.student, f.module): f for f in found}
+    assert set(got) == {("ada", m), ("bob", m), ("carolsmith", m), ("dörte", m), ("eve", m)}
+    assert "2024-05-02" in got[("bob", m)].detail and unmatched == ["notes.ipynb"]
+    assert (tmp_path / "out1" / "collected" / "dörte" / m / f"{m}.ipynb").read_bytes() == nb
+
+    archive = tmp_path / "lms.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for name in names:
+            z.write(flat / name, f"download/{name}")
+    found_zip, _ = collect(archive, tmp_path / "out2", ms)
+    assert {(f.student, f.module) for f in found_zip} == set(got) - {("eve", m)}
+
+    layout = tmp_path / "nbgrader"
+    write_submission(layout, "fay", m, {})
+    shutil.move(layout / "fay" / m / f"{m}.ipynb", layout / "fay" / m / "Untitled.ipynb")
+    found_nb, _ = collect(layout, tmp_path / "out3", ms)
+    assert [(f.student, f.module) for f in found_nb] == [("fay", m)]
+    assert "Untitled.ipynb" in found_nb[0].detail

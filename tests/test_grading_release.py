@@ -1,0 +1,81 @@
+"""`make release` (the student-only copy) and nbgrader's formgrader on a grading course root."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from autograder.grade import prepare
+from autograder.release import REPO, modules
+from autograder.student_release import build, leaks, main as release_main
+from coursekit.distributed import free_port
+
+
+def test_student_release_has_the_course_and_no_answers(tmp_path):
+    out = tmp_path / "student-release"
+    assert release_main(["--into", str(out)]) == 0
+    for part in ("README.md", "requirements.txt", "pyproject.toml", "binder/postBuild", "coursekit/runtime.py"):
+        assert (out / part).exists(), part
+    for m in modules():
+        assert (out / "course" / m / f"{m}.ipynb").read_bytes() == (REPO / "course" / m / f"{m}.ipynb").read_bytes()
+    assert not leaks(out)
+    assert not any(p.name in ("solutions", "autograder", "tests") for p in out.rglob("*"))
+
+
+def test_the_release_check_catches_a_leak(tmp_path):
+    out = build(tmp_path / "student-release")
+    m = modules()[0]
+    nb = out / "course" / m / f"{m}.ipynb"
+    nb.write_text(nb.read_text().replace("YOUR CODE HERE", "### BEGIN SOLUTION"))
+    assert any("marker" in p for p in leaks(out))
+    source = (REPO / "solutions" / m / f"{m}.ipynb").read_text()
+    nb.write_text(source.replace("### BEGIN SOLUTION", "#").replace("### END SOLUTION", "#")
+                  .replace("### BEGIN HIDDEN TESTS", "#").replace("### END HIDDEN TESTS", "#"))
+    assert any("solutions/hidden" in p for p in leaks(out, [m]))
+
+
+@pytest.fixture(scope="module")
+def formgrader(tmp_path_factory):
+    out = tmp_path_factory.mktemp("grading")
+    prepare(out, [modules()[0]])                       # a real course root with its gradebook
+    root = out / "nbgrader"
+    port, token = free_port(), "formgrader-test-token"
+    args = [str(Path(sys.executable).parent / "jupyter"), "server", "--no-browser", f"--port={port}",
+            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"]
+    if os.getuid() == 0:
+        args.append("--allow-root")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen(args, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+    def get(path):
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"token {token}"})
+        with urllib.request.urlopen(req, timeout=20) as r:
+            return r.status, r.read().decode()
+
+    deadline = time.time() + 120
+    while True:
+        try:
+            get("/api/status")
+            break
+        except Exception:
+            if time.time() > deadline or proc.poll() is not None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                pytest.fail("jupyter server did not start: " + proc.stdout.read().decode()[-2000:])
+            time.sleep(1)
+    yield get
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+def test_formgrader_serves_the_grading_course(formgrader):
+    status, page = formgrader("/formgrader")
+    assert status == 200 and "formgrader" in page.lower()
+    status, body = formgrader("/formgrader/api/assignments")
+    assert status == 200
+    assert modules()[0] in {a["name"] for a in json.loads(body)}
