@@ -50,14 +50,14 @@ def snoop_code(out: Path, submissions: Path) -> str:
     return "\n".join([
         "import os",
         f"for name, path in {json.dumps({k: str(v) for k, v in probes.items()})}.items():",
-        "    print('SNOOP-SEES', name, os.path.exists(path))",
+        "    print('SNOOP-' + 'SEES', name, os.path.exists(path))",
         f"for path in {json.dumps([str(t) for t in targets])}:",
         "    try:",
         "        with open(path, 'w') as f:",
         "            f.write('written by a submission')",
-        "        print('SNOOP-WROTE', path)",
+        "        print('SNOOP-' + 'WROTE', path)",
         "    except OSError as e:",
-        "        print('SNOOP-BLOCKED', path, type(e).__name__)",
+        "        print('SNOOP-' + 'BLOCKED', path, type(e).__name__)",
     ])
 
 
@@ -88,7 +88,7 @@ def build(folder: Path, module: str = MODULE, out: Path | None = None) -> dict[s
         return nb
 
     write("good", fill(module, reference))
-    write("loop", fill(module, {**reference, first: "while True:\n    pass"}), status="timed out", score="zero")
+    write("busy_loop", fill(module, {**reference, first: "while True:\n    pass"}), status="timed out", score="zero")
     write("exits", fill(module, {**reference, first: "import os\nos._exit(1)"}), status="kernel died", score="zero")
     write("membomb", fill(module, {**reference, first: (
         "blocks = []\nwhile True:\n    blocks.append(b'x' * (32 << 20))  # 32 MiB a step, forever")}),

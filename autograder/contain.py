@@ -24,7 +24,7 @@ What this module does for every submission (and what it does NOT do):
   tests and its gradebook, live under the system temp folder and so are gone), the
   repository is mounted read-only, and ``solutions/``, ``.git``, the grading output folder
   (main gradebook, other students' feedback) and the submissions folder are covered by empty
-  tmpfs mounts. Only its own working directory is bound back in, writable. So it cannot read
+  read-only tmpfs mounts. Only its own working directory is bound back in, writable. So it cannot read
   the hidden tests before they run, cannot read or write ``solutions/`` or the gradebook, and
   cannot read or write other students' files.
 * **What is NOT prevented.** This is not a security sandbox: the kernel runs as the same
@@ -97,7 +97,7 @@ def write_kernelspec(job: Path, workdir: Path, hide: list[Path], repo: Path) -> 
                  f"mount --bind {q(str(repo))} {q(str(repo))}",
                  f"mount -o remount,bind,ro {q(str(repo))}"]
         for p in hide:      # (paths under /tmp are already gone)
-            lines.append(f"if [ -d {q(str(p))} ]; then mount -t tmpfs -o size=1m,mode=755 hidden {q(str(p))}; fi")
+            lines.append(f"if [ -d {q(str(p))} ]; then mount -t tmpfs -o ro,size=4k,mode=755 hidden {q(str(p))}; fi")
         lines += [f"mkdir -p {q(str(workdir))}",
                   # the kernel's own folder, bound back from its (still open) working directory
                   f"mount --no-canonicalize --bind /proc/self/cwd {q(str(workdir))}",

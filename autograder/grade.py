@@ -65,7 +65,7 @@ STATUSES = ("graded", "tests modified", "timed out", "kernel died", "invalid not
 FIELDS = ["student", "module", "score", "max_score", "status", "seconds", "detail"]
 DEFAULT_TIMEOUT = 300          # seconds per submission (wall clock, kernel start included)
 TIMEOUTS: dict[str, float] = {}  # per-module defaults where a module needs more
-DEFAULT_MEMORY = 6 * 2**30     # bytes RSS of the whole process tree of one submission
+DEFAULT_MEMORY = 8 * 2**30     # bytes RSS of the whole process tree of one submission
 IGNORE = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__")
 
 
@@ -349,7 +349,8 @@ def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bo
         key = _hash_folder(f.folder, hashlib.sha256(module_hash(f.module).encode())).hexdigest()
         hit = cache.get(f"{f.student}/{f.module}")
         if hit and hit["key"] == key and (hit["row"]["status"] not in ("timed out", "kernel died")
-                                          or hit["limits"] == [limit, memory]):
+                                          or hit["limits"] == [limit, memory]) \
+                and (main / "feedback" / f.student / f.module).exists():   # (the gradebook has it)
             rows[(f.student, f.module)] = dict(hit["row"])
             n_cached += 1
             continue

@@ -3,7 +3,9 @@
 One class is graded in one run (as an instructor would): per module, a student
 who submitted the reference solution (full marks), one who submitted the
 untouched notebook (zero, and grading completes), and one with realistic
-mistakes from tests/mistakes/<module>.py (partial credit). A fourth student submitted nothing for one module.
+mistakes from tests/mistakes/<module>.py (partial credit). A fourth student submitted only the first module.
+Each submission is graded in its own process (autograder/contain.py); the bad-submission corpus,
+reruns and input layouts are in test_grading_corpus.py.
 """
 import csv
 import importlib.util
@@ -46,7 +48,8 @@ def graded(tmp_path_factory):
         write_submission(subs, "partial", module, {**reference, **wrong_answers(module)})
     write_submission(subs, "late", ms[0], solution_answers(ms[0]))          # only the first module
     out = tmp_path_factory.mktemp("grading")
-    rows = grade(subs, out, only=ms, quiet=True)
+    # two submissions at a time (this machine has 2 cores); a generous limit: the machine is shared
+    rows = grade(subs, out, only=ms, quiet=True, jobs=2, timeout=600)
     return out, {(r["student"], r["module"]): r for r in rows}
 
 
