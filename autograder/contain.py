@@ -64,12 +64,23 @@ def jail_available() -> bool:
     """True when ``unshare --mount`` works here (root or CAP_SYS_ADMIN)."""
     if not shutil.which("unshare") or not shutil.which("mount"):
         return False
-    try:
-        r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                            "mount -t tmpfs -o size=1m probe /mnt"], capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return r.returncode == 0
+    import tempfile
+
+    from autograder.release import REPO
+
+    # the same operations the jail does (write_kernelspec), in a throwaway namespace
+    with tempfile.TemporaryDirectory() as d:
+        q = shlex.quote
+        probe = (f"set -e; cd {q(d)}; mount -t tmpfs -o size=1m probe /tmp; mkdir -p {q(d)}; "
+                 f"mount --no-canonicalize --bind /proc/self/cwd {q(d)}; cd {q(d)}; touch ok; "
+                 f"mount --bind {q(str(REPO))} {q(str(REPO))}; mount -o remount,bind,ro {q(str(REPO))}; "
+                 f"mount -t tmpfs -o ro,size=4k hidden {q(str(REPO / 'autograder'))}")
+        try:
+            r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", probe],
+                               capture_output=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return r.returncode == 0 and (Path(d) / "ok").exists()
 
 
 def _kernel_python() -> list[str]:

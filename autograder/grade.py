@@ -369,6 +369,15 @@ def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bo
         detail = "; ".join(x for x in (f.detail, modified and f"read-only cells changed: {modified}") if x)
         todo.append((f, key, detail, limit, "tests modified" if modified else "graded"))
 
+    # slowest first (by last run's seconds per module), so that a long one does not start last
+    previous = {}
+    if (out / "timings.json").exists():
+        try:
+            previous = {m: t["mean_s"] for m, t in
+                        json.loads((out / "timings.json").read_text())["seconds_per_submission"].items()}
+        except (ValueError, KeyError):
+            previous = {}
+    todo.sort(key=lambda t: (-previous.get(t[0].module, 0.0), t[0].module, t[0].student))
     if todo:
         say(f"grading {len(todo)} submission(s) of {len(wanted)} module(s), {jobs} at a time"
             f"{'' if jail_available() else ' (no mount namespace: kernels see the whole filesystem)'}")
