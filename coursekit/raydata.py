@@ -227,6 +227,9 @@ def plan_resources(num_workers: int, cpus_per_worker: float, use_gpu: bool = Fal
                     object_store_bytes=None if object_store_mib is None else int(object_store_mib * 2**20))
 
 
+SMALL_CLUSTER_CPUS = 16   # below this, configure_ray_data picks Ray Data's task-based Parquet reader
+
+
 def configure_ray_data(plan: DataPlan, block_bytes: int = 4 * 2**20):
     """Apply a DataPlan to this driver's ``DataContext`` (Ray Train passes it on to its data ingest).
 
@@ -237,6 +240,12 @@ def configure_ray_data(plan: DataPlan, block_bytes: int = 4 * 2**20):
 
     ctx = DataContext.get_current()
     ctx.execution_options.resource_limits = _execution_options(plan).resource_limits
+    # Ray 2.60's new Parquet reader (DataSourceV2) lists files and reads footers with pools of
+    # actors (up to 32 footer readers) per read: on a small cluster every read_parquet then
+    # starts several new worker processes, 20-50 s on 2 CPUs for a 1 MB data set. The classic
+    # reader runs plain tasks. Big clusters keep the default.
+    if plan.cluster_cpus < SMALL_CLUSTER_CPUS:
+        ctx.use_datasource_v2 = False
     ctx.target_max_block_size = block_bytes
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
@@ -310,7 +319,8 @@ class ObjectStoreMonitor:
     * ``capacity``: the store's size;
     * ``peak_pss``: the most memory (PSS) the raylet and every Ray worker on this node used
       together, object store included;
-    * ``spilled``: bytes Ray wrote to disk because the store was full.
+    * ``spilled``: bytes Ray wrote to disk because the store was full;
+    * ``pss``: that memory at the latest sample (read it while the block runs to trace memory over time).
 
     Local to one node (the one this process runs on); ``available`` is False elsewhere.
 
@@ -322,6 +332,7 @@ class ObjectStoreMonitor:
     def __init__(self, interval_s: float = 0.5):
         self.interval_s = interval_s
         self.peak = self.capacity = self.peak_pss = self.spilled = 0
+        self.pss = 0                  # the Ray processes' PSS at the last sample
         self._raylet = _find_raylet()
         self._plasma = _plasma_file(self._raylet) if self._raylet else None
         self._spill = _spill_dirs(self._raylet) if self._raylet else []
@@ -339,7 +350,8 @@ class ObjectStoreMonitor:
         st = Path(self._plasma).stat()
         self.peak = max(self.peak, st.st_blocks * 512)
         self.capacity = st.st_size
-        self.peak_pss = max(self.peak_pss, _tree_pss(self._raylet))
+        self.pss = _tree_pss(self._raylet)
+        self.peak_pss = max(self.peak_pss, self.pss)
         self.spilled = _dir_bytes(self._spill) - self._spill0
 
     def _run(self) -> None:

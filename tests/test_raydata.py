@@ -82,17 +82,23 @@ def test_configure_ray_data_sets_the_limits():
     from ray.data import DataContext
 
     ctx = DataContext.get_current()
-    saved = (ctx.execution_options.resource_limits, ctx.target_max_block_size, ctx.enable_progress_bars)
+    saved = (ctx.execution_options.resource_limits, ctx.target_max_block_size, ctx.enable_progress_bars,
+             ctx.use_datasource_v2)
     try:
+        ctx.use_datasource_v2 = True
+        configure_ray_data(plan_resources(4, 1.0, use_gpu=True, resources={"CPU": 32, "GPU": 4}))
+        assert ctx.use_datasource_v2 is True, "a big cluster keeps Ray Data's default Parquet reader"
         plan = plan_resources(2, 0.5, object_store_mib=64, resources={"CPU": 2, "GPU": 0})
         configure_ray_data(plan)
         assert ctx.execution_options.resource_limits.cpu == 1
         assert ctx.execution_options.resource_limits.object_store_memory == 64 * 2**20
         assert ctx.enable_progress_bars is False
+        assert ctx.use_datasource_v2 is False, "a 2-CPU cluster reads Parquet with tasks, not actor pools"
         cfg = plan.data_config()
         assert cfg._get_user_execution_options("train").resource_limits.cpu == 1
     finally:
-        (ctx.execution_options.resource_limits, ctx.target_max_block_size, ctx.enable_progress_bars) = saved
+        (ctx.execution_options.resource_limits, ctx.target_max_block_size, ctx.enable_progress_bars,
+         ctx.use_datasource_v2) = saved
 
 
 def test_split_rows_like_equal_streaming_split():
