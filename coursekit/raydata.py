@@ -87,6 +87,9 @@ def require_files(folder: str | Path, pattern: str, what: str) -> list[Path]:
 
 # -- a synthetic data set of a chosen size ----------------------------------------------
 
+# coursekit.data's MEAN and STD (a test keeps them equal): importing coursekit.data here would
+# import torch into every Ray Data task that preprocesses, seconds per fresh worker process.
+NORMALIZE_MEAN_STD = (0.5, 0.5)
 SCALE = 8                     # 28x28 digits -> 224x224 "raw" images (ImageNet-sized)
 RAW_SIDE = 28 * SCALE
 ROW_BYTES = RAW_SIDE * RAW_SIDE + 8 + 8   # image + id + label, as generated
@@ -105,12 +108,14 @@ def synthetic_rows(size_bytes: float) -> int:
     return max(1, int(size_bytes // ROW_BYTES))
 
 
-def generate_synthetic_batch(batch: dict) -> dict:
+def generate_synthetic_batch(batch: dict, digits: tuple | None = None) -> dict:
     """``{"id": int64[B]}`` -> ``{"id", "image": uint8[B,224,224], "label"}``: digit ``id % N`` at 8x, plus noise.
 
-    Deterministic in the ids (the noise is seeded by the batch's first id)."""
+    Deterministic in the ids (the noise is seeded by the batch's first id). ``digits``: the
+    (images, labels) arrays to draw from; ``synthetic_dataset`` passes them from the driver so
+    that Ray Data's tasks do not each load the digits (and import torch) on a fresh worker."""
     ids = np.asarray(batch["id"], dtype=np.int64)
-    images, labels = _base_digits()
+    images, labels = digits if digits is not None else _base_digits()
     base = images[ids % len(images)]
     big = base.repeat(SCALE, axis=1).repeat(SCALE, axis=2).astype(np.int16)
     rng = np.random.default_rng(int(ids[0]) if len(ids) else 0)
@@ -124,8 +129,7 @@ def preprocess_synthetic(batch: dict) -> dict:
 
     uint8 [B,224,224] -> 8x8 average pooling -> float32 [B,1,28,28] in [0, 1], normalised with
     the course's mean and std (``coursekit.data``), so the model sees what it sees for real digits."""
-    from coursekit.data import MEAN, STD
-
+    MEAN, STD = NORMALIZE_MEAN_STD
     raw = np.asarray(batch["image"], dtype=np.float32) / 255.0
     b, h, w = raw.shape
     small = raw.reshape(b, h // SCALE, SCALE, w // SCALE, SCALE).mean(axis=(2, 4))
@@ -148,8 +152,9 @@ def synthetic_dataset(size_bytes: float | None = None, num_rows: int | None = No
         raise ValueError(f"a data set needs at least one row (got {n})")
     rows_per_block = max(1, block_bytes // ROW_BYTES)
     blocks = max(1, -(-n // rows_per_block))
+    generate = functools.partial(generate_synthetic_batch, digits=_base_digits())
     return ray.data.range(n, override_num_blocks=blocks).map_batches(
-        generate_synthetic_batch, batch_format="numpy", batch_size=None, num_cpus=num_cpus,
+        generate, batch_format="numpy", batch_size=None, num_cpus=num_cpus,
         compute=ray.data.TaskPoolStrategy(size=concurrency) if concurrency else None)
 
 
@@ -225,6 +230,19 @@ def plan_resources(num_workers: int, cpus_per_worker: float, use_gpu: bool = Fal
                     use_gpu=bool(use_gpu), data_cpus=left, map_num_cpus=float(map_num_cpus),
                     map_concurrency=max(1, int(left // map_num_cpus)),
                     object_store_bytes=None if object_store_mib is None else int(object_store_mib * 2**20))
+
+
+def local_ray_options(object_store_mib: float | None = None) -> dict:
+    """``init_ray`` options for a local Ray that runs Ray Data next to Ray Train on a few CPUs.
+
+    Ray keeps as many idle worker processes as the machine has CPUs and kills the others after
+    1 s idle; Ray Data's fractional-CPU tasks need more processes than that, pause under
+    backpressure, and then pay for a new process (seconds of imports on 2 CPUs) again and again.
+    Idle workers are kept for 10 minutes instead. ``object_store_mib`` caps the object store."""
+    options: dict = {"_system_config": {"idle_worker_killing_time_threshold_ms": 600_000}}
+    if object_store_mib:
+        options["object_store_memory"] = int(object_store_mib * 2**20)
+    return options
 
 
 SMALL_CLUSTER_CPUS = 16   # below this, configure_ray_data picks Ray Data's task-based Parquet reader

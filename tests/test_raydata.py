@@ -49,6 +49,13 @@ def test_missing_files_get_a_clear_error(tmp_path):
         require_files(tmp_path / "nowhere", "*.parquet", "Parquet files")
 
 
+def test_synthetic_preprocessing_normalises_like_the_course():
+    from coursekit.data import MEAN, STD
+    from coursekit.raydata import NORMALIZE_MEAN_STD
+
+    assert NORMALIZE_MEAN_STD == (MEAN, STD)
+
+
 def test_synthetic_rows_are_deterministic_learnable_digits():
     assert synthetic_rows(100 * ROW_BYTES) == 100
     ids = np.arange(10, 20)
