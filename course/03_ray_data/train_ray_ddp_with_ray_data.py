@@ -34,7 +34,7 @@ from ray.train.torch import TorchTrainer
 from coursekit import detect
 from coursekit.data import load_digits
 from coursekit.models import accuracy, build_model
-from coursekit.raydata import (ObjectStoreMonitor, configure_ray_data, plan_resources,
+from coursekit.raydata import (ObjectStoreMonitor, configure_ray_data, local_ray_options, plan_resources,
                                preprocess_synthetic, synthetic_dataset, synthetic_rows)
 from coursekit.raysetup import init_ray, storage_path
 from coursekit.scaling import ScalingError, cluster_resources, make_scaling_config
@@ -123,10 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if rt.ray_address is None:  # a local machine: refuse an impossible choice before starting Ray
             plan({"CPU": rt.num_cpus, "GPU": rt.num_gpus})
-        overrides = {}
-        if rt.ray_address is None and args.object_store_mib:
-            overrides["object_store_memory"] = int(args.object_store_mib * 2**20)
-        init_ray(rt, **overrides)
+        init_ray(rt, **({} if rt.ray_address else local_ray_options(args.object_store_mib)))
         data_plan = plan(cluster_resources())
     except ScalingError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -137,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # Generated and preprocessed on Ray Data's CPU tasks, as the training workers ask for data
     tasks = ray.data.TaskPoolStrategy(size=data_plan.map_concurrency)
-    train_ds = synthetic_dataset(size_bytes=size_gb * 1e9, num_cpus=data_plan.map_num_cpus,
+    # The generating ("reading") tasks reserve half the CPU of the preprocessing tasks, so Ray Data keeps them
+    # as two operators (equal resources would fuse them into one task) and every raw block passes through the
+    # object store: the data streamed through the store is --data-size-gb.
+    train_ds = synthetic_dataset(size_bytes=size_gb * 1e9, num_cpus=data_plan.map_num_cpus / 2,
                                  concurrency=data_plan.map_concurrency)
     train_ds = train_ds.map_batches(preprocess_synthetic, batch_format="numpy",
                                     num_cpus=data_plan.map_num_cpus, compute=tasks)
