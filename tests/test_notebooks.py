@@ -20,3 +20,9 @@ def test_solution_notebook_runs_and_learns(notebook, tmp_path):
     # where a notebook compares a distributed run with its single-process reference, it must agree
     if "oracle_max_difference" in record:
         assert record["oracle_max_difference"] < 1e-5
+    # where a notebook streams data through Ray Data (module 03), it streamed >= 4x the object store,
+    # and the store never filled up
+    if "stream_data_mib" in record:
+        capacity = record["stream_object_store_capacity_mib"]
+        assert capacity > 0 and record["stream_data_mib"] >= 4 * capacity, record
+        assert record["stream_object_store_peak_mib"] <= capacity, record

@@ -1,0 +1,103 @@
+"""train_ray_ddp_with_ray_data.py: streams >= 4x the object store through training, every row exactly once;
+learns; refuses impossible plans with a clear message."""
+import json
+import subprocess
+import threading
+
+import numpy as np
+import psutil
+import pytest
+
+from conftest import PY, REPO
+from coursekit import detect
+
+SCRIPT_DIR = REPO / "solutions" / "03_ray_data"
+OBJECT_STORE_MIB = 80                               # the local Ray's whole object store
+DATA_GB = 4.2 * OBJECT_STORE_MIB * 2**20 / 1e9      # raw synthetic data: 4.2x the object store
+
+
+def _tree_pss(proc: psutil.Process) -> int:
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_full_info().pss
+        except psutil.Error:
+            pass
+    return total
+
+
+@pytest.fixture(scope="module")
+def streaming_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("stream") / "metrics.json"
+    cmd = [PY, "train_ray_ddp_with_ray_data.py", "--smoke-test", "--num-workers", "2",
+           "--data-size-gb", f"{DATA_GB:.4f}", "--object-store-mib", str(OBJECT_STORE_MIB),
+           "--global-batch-size", "128", "--metrics-out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=SCRIPT_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peak, stop = [0], threading.Event()
+
+    def sample():
+        ps = psutil.Process(proc.pid)
+        while not stop.is_set():
+            peak[0] = max(peak[0], _tree_pss(ps))
+            stop.wait(1.0)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        output, _ = proc.communicate(timeout=600)
+    finally:
+        stop.set()
+        sampler.join()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-4000:]
+    return json.loads(out.read_text()), output, peak[0]
+
+
+@pytest.mark.slow
+def test_streams_4x_the_object_store_and_every_row_arrives_exactly_once(streaming_run):
+    m, output, peak_pss = streaming_run
+    assert m["object_store_capacity"] > 0, "the object store was not observed"
+    assert m["data_bytes"] >= 4 * m["object_store_capacity"], "the data must be at least 4x the object store"
+    # memory stayed bounded: the store was never full enough to spill, and the whole job stayed small
+    assert m["object_store_peak"] <= m["object_store_capacity"]
+    assert m["spilled"] == 0, f"{m['spilled']} bytes spilled to disk: the data were not streamed"
+    # Ray + torch processes cost ~3-4 GiB PSS whatever the data size; 8 GiB would mean the data were held
+    assert peak_pss < 8 * 2**30, f"the job's processes peaked at {peak_pss / 2**30:.1f} GiB"
+    # every row reached training exactly once (streaming_split(equal=True) may drop up to N-1 rows)
+    ids_by_rank = [np.asarray(x) for x in m["ids_by_rank"]]
+    n, workers = m["num_rows"], m["num_workers"]
+    assert len(ids_by_rank) == workers
+    assert all(len(ids) == n // workers for ids in ids_by_rank), [len(i) for i in ids_by_rank]
+    seen = np.concatenate(ids_by_rank)
+    counts = np.bincount(seen, minlength=n)
+    assert counts.max() == 1, f"{int((counts > 1).sum())} rows arrived more than once"
+    assert (counts == 1).sum() == workers * (n // workers) >= n - (workers - 1)
+    assert seen.min() >= 0 and seen.max() < n
+
+
+@pytest.mark.slow
+def test_smoke_run_learns(streaming_run):
+    m, output, _ = streaming_run
+    assert m["num_workers"] == 2 and len(m["losses"]) == 1
+    assert m["losses"][-1] < 0.8 * np.log(10), f"the loss stayed near chance (ln 10): {m['losses']}"
+    assert m["test_accuracy"] > 0.5
+    assert "Failed to query Ray Train Controller" not in output
+    assert "Progress bars disabled" not in output
+
+
+CPUS = detect().num_cpus
+
+
+@pytest.mark.parametrize("args, message", [
+    # every CPU reserved by training workers: Ray Data could never run, the job would stall
+    (["--num-workers", str(CPUS), "--cpus-per-worker", "1", "--global-batch-size", str(8 * CPUS)],
+     "leaves 0 for Ray Data's preprocessing"),
+    (["--num-workers", "3", "--global-batch-size", "64"], "does not split evenly"),
+    (["--use-gpu"], "no GPUs"),
+    (["--data-size-gb", "0"], "--data-size-gb must be positive"),
+])
+def test_impossible_plans_are_refused_with_a_clear_message(args, message):
+    proc = subprocess.run([PY, "train_ray_ddp_with_ray_data.py", "--smoke-test", *args], cwd=SCRIPT_DIR,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
