@@ -71,10 +71,10 @@ def jail_available() -> bool:
     # the same operations the jail does (write_kernelspec), in a throwaway namespace
     with tempfile.TemporaryDirectory() as d:
         q = shlex.quote
-        probe = (f"set -e; cd {q(d)}; mount -t tmpfs -o size=1m probe /tmp; mkdir -p {q(d)}; "
-                 f"mount --no-canonicalize --bind /proc/self/cwd {q(d)}; cd {q(d)}; touch ok; "
-                 f"mount --bind {q(str(REPO))} {q(str(REPO))}; mount -o remount,bind,ro {q(str(REPO))}; "
-                 f"mount -t tmpfs -o ro,size=4k hidden {q(str(REPO / 'autograder'))}")
+        probe = "; ".join(["set -e", f"cd {q(d)}", *_private_tmp_keeping(REPO, size="1m"), f"mkdir -p {q(d)}",
+                           f"mount --no-canonicalize --bind /proc/self/cwd {q(d)}", f"cd {q(d)}", "touch ok",
+                           f"mount -o remount,bind,ro {q(str(REPO))}",
+                           f"mount -t tmpfs -o ro,size=4k hidden {q(str(REPO / 'autograder'))}"])
         try:
             r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", probe],
                                capture_output=True, timeout=30)
@@ -92,6 +92,20 @@ def _kernel_python() -> list[str]:
     return [sys.executable, "-m", "ipykernel_launcher"]
 
 
+def _private_tmp_keeping(repo: Path, size: str = "512m") -> list[str]:
+    """Shell lines: an empty private tmpfs on /tmp, with ``repo`` (and its .venv) still bound at its path.
+
+    A repository under /tmp (a CI clone, say) would vanish with the rest of /tmp: it is first
+    bound to a holding folder under /run, then bound back onto a folder made in the new tmpfs."""
+    q = shlex.quote
+    r = q(str(repo))
+    if not str(Path(repo).resolve()).startswith("/tmp/"):
+        return [f"mount -t tmpfs -o size={size},mode=1777 course-tmp /tmp", f"mount --bind {r} {r}"]
+    return ['HOLD="$(mktemp -d /run/course-jail.XXXXXX)"', f'mount --bind {r} "$HOLD"',
+            f"mount -t tmpfs -o size={size},mode=1777 course-tmp /tmp",
+            f"mkdir -p {r}", f'mount --bind "$HOLD" {r}', 'umount "$HOLD"', 'rmdir "$HOLD"']
+
+
 def write_kernelspec(job: Path, workdir: Path, hide: list[Path], repo: Path) -> Path:
     """A ``ray-train-course`` kernelspec under ``job/jupyter`` that starts the kernel in the jail.
 
@@ -104,8 +118,7 @@ def write_kernelspec(job: Path, workdir: Path, hide: list[Path], repo: Path) -> 
         q = shlex.quote
         lines = ["set -e", 'CF="$1"', 'CONN="$(cat "$CF")"', f"cd {q(str(workdir))}",
                  # private, empty /tmp: every job's scratch root (source notebook, gradebook) is gone
-                 "mount -t tmpfs -o size=512m,mode=1777 course-tmp /tmp",
-                 f"mount --bind {q(str(repo))} {q(str(repo))}",
+                 *_private_tmp_keeping(repo),
                  f"mount -o remount,bind,ro {q(str(repo))}"]
         for p in hide:      # (paths under /tmp are already gone)
             lines.append(f"if [ -d {q(str(p))} ]; then mount -t tmpfs -o ro,size=4k,mode=755 hidden {q(str(p))}; fi")
