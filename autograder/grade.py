@@ -64,7 +64,6 @@ GRADER_VERSION = "2"
 STATUSES = ("graded", "tests modified", "timed out", "kernel died", "invalid notebook", "missing")
 FIELDS = ["student", "module", "score", "max_score", "status", "seconds", "detail"]
 DEFAULT_TIMEOUT = 300          # seconds per submission (wall clock, kernel start included)
-TIMEOUTS: dict[str, float] = {}  # per-module defaults where a module needs more
 DEFAULT_MEMORY = 8 * 2**30     # bytes RSS of the whole process tree of one submission
 IGNORE = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__")
 
@@ -245,17 +244,13 @@ def _status(run: dict, timeout: float, memory: int) -> tuple[str, str]:
 
 def merge(main: Path, run: dict, student: str, module: str) -> float:
     """Copy one autograded submission's grades into the main gradebook; return its score."""
-    from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.api import Gradebook
 
     job = run["job"]
+    _forget(main, student, module)                 # an older graded version, if any
     with Gradebook(f"sqlite:///{job / 'root' / 'gradebook.db'}") as wgb, \
             Gradebook(f"sqlite:///{main / 'gradebook.db'}") as gb:
         wsub = wgb.find_submission(module, student)
-        gb.update_or_create_student(student)
-        try:
-            gb.remove_submission(module, student)
-        except MissingEntry:
-            pass
         gb.add_submission(module, student, timestamp=wsub.timestamp)
         for wnb in wsub.notebooks:
             snb = gb.find_submission_notebook(wnb.name, module, student)
@@ -279,7 +274,7 @@ def merge(main: Path, run: dict, student: str, module: str) -> float:
 
 
 def _forget(main: Path, student: str, module: str) -> None:
-    """Drop an older graded version from the main gradebook (the new one could not be graded)."""
+    """Drop an older graded version of (student, module) from the main gradebook, its copies and feedback."""
     from nbgrader.api import Gradebook, MissingEntry
 
     with Gradebook(f"sqlite:///{main / 'gradebook.db'}") as gb:
@@ -345,7 +340,7 @@ def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bo
     for f in found:
         if f.module not in wanted:
             continue
-        limit = float(timeout or TIMEOUTS.get(f.module, DEFAULT_TIMEOUT))
+        limit = float(timeout or DEFAULT_TIMEOUT)
         key = _hash_folder(f.folder, hashlib.sha256(module_hash(f.module).encode())).hexdigest()
         hit = cache.get(f"{f.student}/{f.module}")
         if hit and hit["key"] == key and (hit["row"]["status"] not in ("timed out", "kernel died")

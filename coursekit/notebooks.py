@@ -23,7 +23,8 @@ from pathlib import Path
 import psutil
 
 
-def _tree_pss(root: psutil.Process) -> int:
+def tree_pss(root: psutil.Process) -> int:
+    """Memory of ``root`` and all its descendants: proportional set size (RSS where PSS is unreadable)."""
     total = 0
     try:
         procs = [root, *root.children(recursive=True)]
@@ -66,7 +67,7 @@ def execute(notebook: Path, out: Path, parameters: dict | None = None, env: dict
             nonlocal peak
             ps = psutil.Process(proc.pid)
             while not stop.is_set():
-                peak = max(peak, _tree_pss(ps))
+                peak = max(peak, tree_pss(ps))
                 stop.wait(1.0)
 
         sampler = threading.Thread(target=sample, daemon=True)

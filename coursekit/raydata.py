@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from coursekit.notebooks import tree_pss
 from coursekit.scaling import ScalingError, cluster_resources
 
 # -- the course digits as files ------------------------------------------------------------
@@ -306,18 +307,6 @@ def _plasma_file(raylet) -> str | None:
     return None
 
 
-def _tree_pss(root) -> int:
-    import psutil
-
-    total = 0
-    for p in [root, *root.children(recursive=True)]:
-        try:
-            total += p.memory_full_info().pss
-        except (psutil.Error, AttributeError):
-            pass
-    return total
-
-
 def _spill_dirs(raylet) -> list[Path]:
     for arg in raylet.cmdline():
         if arg.startswith("--session_dir="):
@@ -368,7 +357,7 @@ class ObjectStoreMonitor:
         st = Path(self._plasma).stat()
         self.peak = max(self.peak, st.st_blocks * 512)
         self.capacity = st.st_size
-        self.pss = _tree_pss(self._raylet)
+        self.pss = tree_pss(self._raylet)
         self.peak_pss = max(self.peak_pss, self.pss)
         self.spilled = _dir_bytes(self._spill) - self._spill0
 

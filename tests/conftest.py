@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 import re
 import sys
 from pathlib import Path
@@ -49,3 +50,19 @@ def released(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("release") / "course"
     generate(out)
     return out
+
+
+def wait_for_server(get, proc, what: str, stop, timeout_s: float = 120) -> None:
+    """Poll ``get("/api/status")`` until a Jupyter server started as ``proc`` answers.
+
+    If it exits or does not answer in ``timeout_s``, ``stop(proc)`` and fail with its output."""
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            get("/api/status")
+            return
+        except Exception:
+            if time.time() > deadline or proc.poll() is not None:
+                stop(proc)
+                pytest.fail(f"{what} did not start: " + proc.stdout.read().decode()[-2000:])
+            time.sleep(1)

@@ -4,7 +4,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -58,16 +57,7 @@ def formgrader(tmp_path_factory):
         with urllib.request.urlopen(req, timeout=20) as r:
             return r.status, r.read().decode()
 
-    deadline = time.time() + 120
-    while True:
-        try:
-            get("/api/status")
-            break
-        except Exception:
-            if time.time() > deadline or proc.poll() is not None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                pytest.fail("jupyter server did not start: " + proc.stdout.read().decode()[-2000:])
-            time.sleep(1)
+    wait_for_server(get, proc, "jupyter server", lambda p: os.killpg(p.pid, signal.SIGTERM))
     yield get
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=30)

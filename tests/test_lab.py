@@ -3,13 +3,12 @@ import json
 import os
 import signal
 import subprocess
-import time
 import urllib.request
 
 import pytest
 
 from coursekit.distributed import free_port
-from conftest import REPO
+from conftest import REPO, wait_for_server
 
 
 @pytest.fixture(scope="module")
@@ -26,16 +25,7 @@ def lab():
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.read().decode()
 
-    deadline = time.time() + 120
-    while True:
-        try:
-            get("/api/status")
-            break
-        except Exception:
-            if time.time() > deadline or proc.poll() is not None:
-                _stop(proc)
-                pytest.fail("JupyterLab did not start: " + proc.stdout.read().decode()[-2000:])
-            time.sleep(1)
+    wait_for_server(get, proc, "JupyterLab", _stop)
     yield get
     _stop(proc)
 

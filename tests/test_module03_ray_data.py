@@ -10,20 +10,11 @@ import pytest
 
 from conftest import PY, REPO
 from coursekit import detect
+from coursekit.notebooks import tree_pss
 
 SCRIPT_DIR = REPO / "solutions" / "03_ray_data"
 OBJECT_STORE_MIB = 80                               # the local Ray's whole object store
 DATA_GB = 4.2 * OBJECT_STORE_MIB * 2**20 / 1e9      # raw synthetic data: 4.2x the object store
-
-
-def _tree_pss(proc: psutil.Process) -> int:
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            total += p.memory_full_info().pss
-        except psutil.Error:
-            pass
-    return total
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +29,7 @@ def streaming_run(tmp_path_factory):
     def sample():
         ps = psutil.Process(proc.pid)
         while not stop.is_set():
-            peak[0] = max(peak[0], _tree_pss(ps))
+            peak[0] = max(peak[0], tree_pss(ps))
             stop.wait(1.0)
 
     sampler = threading.Thread(target=sample, daemon=True)
