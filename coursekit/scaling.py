@@ -29,6 +29,18 @@ def cluster_resources(runtime: Runtime | None = None) -> dict[str, int]:
     return {"CPU": rt.num_cpus, "GPU": rt.num_gpus}
 
 
+def cluster_nodes() -> int:
+    """Alive nodes of the Ray cluster we are connected to, else 1 (this machine)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return sum(1 for node in ray.nodes() if node.get("Alive"))
+    except Exception:
+        pass
+    return 1
+
+
 def check_scaling(num_workers: int, use_gpu: bool, cpus_per_worker: float = 1,
                   global_batch_size: int | None = None,
                   resources: dict[str, int] | None = None) -> None:
@@ -66,18 +78,35 @@ def check_scaling(num_workers: int, use_gpu: bool, cpus_per_worker: float = 1,
                 f"workers. Choose a multiple of {num_workers}, e.g. {lo} or {lo + num_workers}.")
 
 
+# The placement-group strategies Ray accepts (ray.util.placement_group), default first.
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK")
+
+
 def make_scaling_config(num_workers: int, use_gpu: bool, cpus_per_worker: float = 1,
                         global_batch_size: int | None = None,
-                        resources: dict[str, int] | None = None):
-    """Check the choice, then build the ``ray.train.ScalingConfig`` for it."""
+                        resources: dict[str, int] | None = None, placement_strategy: str = "PACK"):
+    """Check the choice, then build the ``ray.train.ScalingConfig`` for it.
+
+    ``placement_strategy`` says how the workers spread over the cluster's nodes: ``PACK``
+    (Ray's default: as few nodes as possible), ``SPREAD`` (as many as possible),
+    ``STRICT_SPREAD`` (each worker on a different node, or wait), ``STRICT_PACK`` (one node)."""
     from ray.train import ScalingConfig
 
     check_scaling(num_workers, use_gpu, cpus_per_worker, global_batch_size, resources)
+    if placement_strategy not in PLACEMENT_STRATEGIES:
+        raise ScalingError(f"placement_strategy={placement_strategy!r} is not one of "
+                           f"{', '.join(PLACEMENT_STRATEGIES)}.")
+    nodes = cluster_nodes()
+    if placement_strategy == "STRICT_SPREAD" and num_workers > nodes:
+        raise ScalingError(
+            f"STRICT_SPREAD puts every worker on a different node: {num_workers} workers need "
+            f"{num_workers} nodes, but this cluster has {nodes}. Ray would wait for them forever. "
+            "Use SPREAD or PACK, or add nodes.")
     per_worker = {"CPU": cpus_per_worker}
     if use_gpu:
         per_worker["GPU"] = 1
     return ScalingConfig(num_workers=int(num_workers), use_gpu=bool(use_gpu),
-                         resources_per_worker=per_worker)
+                         resources_per_worker=per_worker, placement_strategy=placement_strategy)
 
 
 class ScalingConfigPicker:

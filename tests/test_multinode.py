@@ -1,0 +1,176 @@
+"""Multi-node for real on one machine: a two-node Ray cluster started with the `ray` CLI.
+
+A head node and a worker node, each a separate Ray node with its own raylet, object store,
+temp dir and CPUs, as on two machines. Module 02's script joins the cluster (RAY_ADDRESS),
+its two training workers land on different nodes (STRICT_SPREAD), and the checkpoint reaches
+the shared storage folder that both nodes see (an NFS mount / /mnt/cluster_storage on a real
+cluster).
+
+Stopping: `ray stop` has no address or temp-dir option; it kills every Ray process on the
+machine by name (other people's clusters too). So each node runs `ray start --block` in its own
+process session: on SIGTERM the blocking `ray start` stops the raylet, object store, GCS and
+agents it started, and we then SIGKILL whatever is left of that process group and any process
+whose command line names one of our private temp dirs (Ray's worker processes do).
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import PY, REPO
+from coursekit.distributed import free_port
+
+SCRIPT_DIR = REPO / "solutions" / "02_ray_train"
+RAY_CLI = str(Path(PY).parent / "ray")
+CPUS_PER_NODE = 2  # more than one worker would fit on a node: the placement strategy spreads them
+NODE_START_S = 180  # the 2-core machine is shared: a raylet can take a minute to come up
+
+# Prints the alive nodes as JSON once there are `want` of them (the test's view of the cluster).
+NODES_PROBE = """
+import json, sys, time, ray
+want = int(sys.argv[1])
+ray.init(logging_level="ERROR", log_to_driver=False)   # RAY_ADDRESS says which cluster
+deadline = time.time() + float(sys.argv[2])
+while True:
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    if len(alive) >= want or time.time() > deadline:
+        break
+    time.sleep(1)
+print("NODES", json.dumps([{"id": n["NodeID"], "cpus": n["Resources"].get("CPU", 0)} for n in alive]))
+"""
+
+
+def _our_processes(temp_dirs: list[str]) -> list[psutil.Process]:
+    """Ray processes that belong to our nodes: their command line names one of our temp dirs."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if proc.pid != os.getpid() and any(d in cmd for d in temp_dirs):
+            found.append(proc)
+    return found
+
+
+def _stop_node(node: subprocess.Popen) -> None:
+    """SIGTERM the blocking `ray start` and its process group, then SIGKILL what is left of it."""
+    for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(node.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            node.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        try:  # `ray start` exited; its children may still be going down
+            os.killpg(node.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return
+
+
+@pytest.fixture
+def two_node_cluster(tmp_path):
+    """Head + worker node on this machine. Yields (address, env for drivers, alive node ids)."""
+    # Short, private temp dirs: Ray's unix sockets live under them (107-character limit) and
+    # their paths identify our processes at teardown.
+    temp_dirs = [tempfile.mkdtemp(prefix="rmh", dir="/tmp"), tempfile.mkdtemp(prefix="rmw", dir="/tmp")]
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    # Ray >= 2.5x clusters use token authentication. A real cluster shares one token between its
+    # nodes and its drivers (~/.ray/auth_token or RAY_AUTH_TOKEN); this one gets its own.
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    env.pop("RAY_ADDRESS", None)
+    common = [f"--num-cpus={CPUS_PER_NODE}", "--num-gpus=0", f"--object-store-memory={256 * 2**20}",
+              "--block"]
+    nodes: list[subprocess.Popen] = []
+    logs = [tmp_path / "head.log", tmp_path / "worker.log"]
+
+    def start(args, log):
+        with open(log, "w") as out:
+            nodes.append(subprocess.Popen([RAY_CLI, "start", *args, *common], env=env, stdout=out,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+
+    def fail(what):
+        tails = "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in logs if p.exists())
+        pytest.fail(f"{what}\n{tails}")
+
+    try:
+        start(["--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp_dirs[0]}"], logs[0])
+        deadline = time.time() + NODE_START_S  # the head writes its address file once it is up
+        while not (Path(temp_dirs[0]) / "ray_current_cluster").exists():
+            if nodes[0].poll() is not None or time.time() > deadline:
+                fail("the head node did not start")
+            time.sleep(1)
+        start([f"--address={address}", f"--temp-dir={temp_dirs[1]}"], logs[1])
+        probe = subprocess.run([PY, "-c", NODES_PROBE, "2", str(NODE_START_S)], capture_output=True,
+                               text=True, timeout=NODE_START_S + 60, env={**env, "RAY_ADDRESS": address})
+        if "NODES " not in probe.stdout:
+            fail(f"could not list the cluster's nodes: {probe.stderr[-2000:]}")
+        alive = json.loads(probe.stdout.split("NODES ", 1)[1])
+        if len(alive) != 2:
+            fail(f"expected 2 alive nodes, got {alive}")
+        assert [n["cpus"] for n in alive] == [CPUS_PER_NODE] * 2, alive  # each node has its own CPUs
+        yield address, {**env, "RAY_ADDRESS": address}, {n["id"] for n in alive}
+    finally:
+        for node in reversed(nodes):  # the worker node first, then the head
+            _stop_node(node)
+        leftovers = _our_processes(temp_dirs)
+        for proc in leftovers:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(leftovers, timeout=10)
+        for d in temp_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_ddp_script_spreads_workers_over_two_nodes_and_checkpoints_to_shared_storage(two_node_cluster, tmp_path):
+    address, env, node_ids = two_node_cluster
+    shared = tmp_path / "shared"  # both nodes see this folder, as they would an NFS mount
+    out = tmp_path / "metrics.json"
+    proc = subprocess.run([PY, "train_ray_ddp.py", "--smoke-test", "--num-workers", "2",
+                           "--placement-strategy", "STRICT_SPREAD", "--name", "two-nodes",
+                           "--metrics-out", str(out)],
+                          cwd=SCRIPT_DIR, capture_output=True, text=True, timeout=600,
+                          env={**env, "COURSE_STORAGE": str(shared)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    m = json.loads(out.read_text())
+
+    # one training worker on each node of our cluster
+    assert len(m["worker_node_ids"]) == 2 and set(m["worker_node_ids"]) == node_ids, (m, node_ids)
+    assert "2 workers ran on 2 node(s) (STRICT_SPREAD)" in proc.stdout
+
+    # the run and its checkpoints are in the shared storage folder
+    run = Path(m["path"])
+    assert run == shared / "two-nodes" and run.is_dir(), m["path"]
+    models = sorted(run.glob("checkpoint_*/model.pt"))
+    assert models and all(p.stat().st_size > 0 for p in models), sorted(p.name for p in run.iterdir())
+
+    # and it learned
+    assert len(m["losses"]) == 2 and m["losses"][-1] < m["losses"][0], m["losses"]
+    assert m["test_accuracy"] > 0.5, m
+
+
+def test_strict_spread_on_one_machine_is_refused_with_a_clear_message():
+    """Without a cluster (no RAY_ADDRESS) there is one node: STRICT_SPREAD of 2 workers would hang."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run([PY, "train_ray_ddp.py", "--smoke-test", "--num-workers", "2",
+                           "--placement-strategy", "STRICT_SPREAD"], cwd=SCRIPT_DIR,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "2 workers need 2 nodes, but this cluster has 1" in proc.stderr, proc.stderr[-2000:]
