@@ -1,0 +1,326 @@
+"""The course as students and instructors meet it: JupyterLab in a real browser.
+
+`make lab` (the README's main command, headless) serves a fresh copy of course/; Debian's Chromium,
+driven by Playwright for Python, opens module 02, runs its cells up to the ScalingConfig widget,
+moves the workers slider and checks that the kernel-side ScalingConfig follows; then it opens
+nbgrader's Assignment List and Formgrader panels. Screenshots go to build/browser/.
+
+The test installs what it needs: Chromium with apt-get (when /usr/bin/chromium is missing) and
+Playwright from tests/browser/requirements.txt into the running venv. It never downloads a browser
+(`playwright install` is not used). It is skipped only when Chromium cannot be installed.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from importlib import metadata
+from pathlib import Path
+from types import SimpleNamespace
+
+import nbformat
+import pytest
+
+from coursekit.distributed import free_port
+from conftest import REPO, read_pins, wait_for_server
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+REQUIREMENTS = Path(__file__).parent / "browser" / "requirements.txt"
+SHOTS = REPO / "build" / "browser"
+MODULE = "02_ray_train"
+COURSE_ID = "ray-train-course"
+WIDGET_ERRORS = re.compile(r"Error displaying widget|model not found", re.I)
+
+
+# ------------------------------------------------------------------ what the test installs
+
+def _run(cmd: list[str], timeout_s: int) -> str | None:
+    """None if ``cmd`` succeeded, else what went wrong (for the skip/fail message)."""
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"`{' '.join(cmd)}` failed: {e}"
+    if r.returncode:
+        return f"`{' '.join(cmd)}` exited {r.returncode}: {(r.stdout + r.stderr).strip()[-800:]}"
+    return None
+
+
+def install_chromium() -> str | None:
+    """Make sure Debian's Chromium is at /usr/bin/chromium; None if it is, else why it could not be installed."""
+    if Path(CHROMIUM).exists():
+        return None
+    apt = shutil.which("apt-get")
+    if apt is None:
+        return f"{CHROMIUM} is missing and apt-get is not available to install it"
+    prefix = []
+    if os.geteuid() != 0:
+        if shutil.which("sudo") is None:
+            return f"{CHROMIUM} is missing; installing it needs root (or sudo), and this user is neither"
+        prefix = ["sudo", "-n"]
+    install = prefix + [apt, "install", "-y", "--no-install-recommends", "chromium"]
+    why = _run(install, 900)
+    if why:                                   # stale or missing package lists: refresh them once, retry
+        why = _run(prefix + [apt, "update"], 300) or _run(install, 900)
+    if why:
+        return f"apt-get could not install Chromium: {why}"
+    return None if Path(CHROMIUM).exists() else f"apt-get installed chromium but {CHROMIUM} does not exist"
+
+
+def install_playwright() -> None:
+    """Playwright for Python at the version pinned in tests/browser/requirements.txt, in this venv."""
+    wanted = read_pins(REQUIREMENTS)["playwright"]
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        if metadata.version("playwright") == wanted:
+            return
+    why = _run([sys.executable, "-m", "pip", "install", "--quiet", "-r", str(REQUIREMENTS)], 600)
+    assert why is None, f"could not install Playwright from {REQUIREMENTS}: {why}"
+    importlib.invalidate_caches()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    why = install_chromium()
+    if why:
+        pytest.skip(f"browser test needs Chromium: {why}")
+    install_playwright()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield b
+        b.close()
+
+
+# ------------------------------------------------------------------ the course's JupyterLab
+
+def _grading_setup(work: Path, course: Path) -> Path:
+    """nbgrader for the instructor: a course root with module 02 in its gradebook (as
+    tests/test_grading_release.py builds it), under the lab's root as formgrader requires, and
+    module 02 released to an exchange for the Assignment List. Returns the config folder."""
+    from autograder.grade import prepare
+
+    prepare(course / "grading", [MODULE])               # course root: course/grading/nbgrader
+    shutil.copytree(course / MODULE, work / "exchange" / COURSE_ID / "outbound" / MODULE)
+    (work / "nbgrader_cache").mkdir()
+    config = work / "jupyter_config"
+    config.mkdir()
+    (config / "nbgrader_config.py").write_text("\n".join([
+        "c = get_config()  # noqa: F821",
+        f"load_subconfig({str(course / 'grading' / 'nbgrader' / 'nbgrader_config.py')!r})  # noqa: F821",
+        f"c.CourseDirectory.course_id = {COURSE_ID!r}",
+        f"c.Exchange.root = {str(work / 'exchange')!r}",
+        f"c.Exchange.cache = {str(work / 'nbgrader_cache')!r}",
+        ""]))
+    return config
+
+
+def _lab_settings(work: Path) -> Path:
+    """Private JupyterLab settings: every notebook cell in the DOM (no windowing), no news prompt."""
+    settings = work / "lab_settings"
+    for plugin, values in {
+            "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+            "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
+    }.items():
+        f = settings / f"{plugin}.jupyterlab-settings"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps(values))
+    return settings
+
+
+def _stop(proc, get) -> None:
+    with contextlib.suppress(Exception):         # shut kernels down first: the kernel's atexit stops its Ray
+        for kernel in json.loads(get("/api/kernels")):
+            get(f"/api/kernels/{kernel['id']}", method="DELETE")
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """`make lab` on a fresh copy of course/ (running cells must not write into course/)."""
+    work = tmp_path_factory.mktemp("browser_lab")
+    for name in (".venv", "requirements.txt", "pyproject.toml"):    # what `make lab` checks
+        (work / name).symlink_to(REPO / name)
+    course = work / "course"
+    shutil.copytree(REPO / "course", course, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    config = _grading_setup(work, course)
+    port, token = free_port(), "course-browser-token"
+    env = {**os.environ, "COURSE_SIZE": "smoke",
+           "LAB_ARGS": f"--no-browser --port={port} --IdentityProvider.token={token} "
+                       "--ServerApp.open_browser=False",
+           "JUPYTER_CONFIG_PATH": str(config),
+           "JUPYTERLAB_SETTINGS_DIR": str(_lab_settings(work)),
+           "JUPYTERLAB_WORKSPACES_DIR": str(work / "workspaces")}
+    log = work / "lab.log"
+    with log.open("wb") as out:                  # a file, not a pipe: a long session must not block on it
+        proc = subprocess.Popen(["make", "-f", str(REPO / "Makefile"), "lab"], cwd=work, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc.stdout = log.open("rb")                 # wait_for_server shows the server's output from here
+    base = f"http://127.0.0.1:{port}"
+
+    def get(path, method="GET"):
+        req = urllib.request.Request(base + path, method=method, headers={"Authorization": f"token {token}"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.read().decode()
+
+    t0 = time.time()
+    wait_for_server(get, proc, "JupyterLab (make lab)", lambda p: _stop(p, get), timeout_s=180)
+    print(f"\nmake lab answered in {time.time() - t0:.0f} s")
+    yield SimpleNamespace(base=base, token=token, get=get, course=course, log=log)
+    _stop(proc, get)
+    proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def context(browser, lab):
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    ctx.set_default_timeout(60_000)
+    page = ctx.new_page()                         # the token in the URL once; the cookie does the rest
+    page.goto(f"{lab.base}/lab?token={lab.token}")
+    page.close()
+    yield ctx
+    ctx.close()
+
+
+@contextlib.contextmanager
+def screenshot_on_failure(page, name: str):
+    try:
+        yield
+    except BaseException:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(Exception):
+            page.screenshot(path=str(SHOTS / f"FAILED-{name}.png"), full_page=True)
+        raise
+
+
+def shot(target, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    target.screenshot(path=str(SHOTS / f"{name}.png"))
+
+
+def open_lab(context, lab, path: str = ""):
+    page = context.new_page()
+    page.goto(f"{lab.base}/lab/{path}")
+    page.locator("#jp-main-statusbar").wait_for()
+    return page
+
+
+# ------------------------------------------------------------------ the tests
+
+def _widget_cell(notebook: Path) -> tuple[int, str]:
+    """Index of the cell that creates the ScalingConfigPicker, and the variable it is bound to."""
+    nb = nbformat.read(notebook, as_version=4)
+    for i, cell in enumerate(nb.cells):
+        m = re.search(r"^(\w+)\s*=\s*ScalingConfigPicker\(", cell.source, re.M)
+        if cell.cell_type == "code" and m:
+            return i, m.group(1)
+    raise AssertionError(f"{notebook.name} has no `x = ScalingConfigPicker(...)` cell")
+
+
+def test_scaling_widget_renders_and_drives_the_kernel_side_config(context, lab):
+    from playwright.sync_api import expect
+
+    notebook = lab.course / MODULE / f"{MODULE}.ipynb"
+    index, picker = _widget_cell(notebook)
+    n_cells = len(nbformat.read(notebook, as_version=4).cells)
+    t0 = time.time()
+    page = open_lab(context, lab, f"tree/{MODULE}/{MODULE}.ipynb")
+    with screenshot_on_failure(page, "widget"):
+        cells = page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell")
+        expect(cells).to_have_count(n_cells)
+        expect(page.locator("#jp-main-statusbar").get_by_text("Idle")).to_be_visible(timeout=120_000)
+        t_kernel = time.time()
+
+        # Run the cells from the top to the widget cell, as a student would (Shift+Enter each).
+        cells.nth(0).click()                      # selects the first (markdown) cell in command mode
+        page.keyboard.press("Escape")
+        for _ in range(index + 1):
+            page.keyboard.press("Shift+Enter")
+        widget = cells.nth(index)
+        slider = widget.locator(".widget-slider", has_text="num_workers")
+        expect(slider).to_be_visible(timeout=240_000)
+        expect(widget.locator(".jp-InputPrompt")).not_to_have_text(re.compile(r"\*"), timeout=60_000)
+        t_widget = time.time()
+        print(f"notebook open and kernel idle: {t_kernel - t0:.0f} s; cells 0-{index} run "
+              f"(Ray started by init_ray) and widget shown: {t_widget - t_kernel:.0f} s")
+        for i in range(index + 1):
+            assert "Traceback" not in cells.nth(i).inner_text(), f"cell {i} failed: {cells.nth(i).inner_text()}"
+        assert not WIDGET_ERRORS.search(page.locator("#main").inner_text())
+
+        readout = slider.locator(".widget-readout")
+        handle = slider.locator(".noUi-handle")
+        before = int(readout.inner_text())
+        top = float(handle.get_attribute("aria-valuemax"))
+        key, after = ("ArrowRight", before + 1) if before < top else ("ArrowLeft", before - 1)
+        widget.scroll_into_view_if_needed()
+        shot(page, "widget-before")
+
+        handle.focus()
+        page.keyboard.press(key)
+        expect(readout).to_have_text(str(after))
+        # the summary line is written by the kernel (the picker observes the slider): it saw the change
+        expect(widget.locator(".widget-html", has_text="worker")).to_contain_text(
+            re.compile(rf"\b{after} (CPU|GPU) workers?\b"))
+
+        # A new cell below the widget asks the kernel for the ScalingConfig the notebook will train with.
+        widget.locator(".jp-InputPrompt").click()
+        page.keyboard.press("Escape")
+        page.keyboard.press("b")
+        page.keyboard.press("Enter")
+        page.keyboard.type(f"print('kernel-side num_workers:', {picker}.scaling_config().num_workers)")
+        page.keyboard.press("Shift+Enter")
+        printed = cells.nth(index + 1).locator(".jp-OutputArea-output")
+        expect(printed).to_contain_text(f"kernel-side num_workers: {after}", timeout=60_000)
+        assert not WIDGET_ERRORS.search(page.locator("#main").inner_text())
+        widget.scroll_into_view_if_needed()
+        shot(page, "widget-after")
+        print(f"slider {before} -> {after} ({key}); kernel-side ScalingConfig.num_workers == {after}; "
+              f"whole test {time.time() - t0:.0f} s")
+    page.close()
+
+
+def _menu(page, menu: str, item: str) -> None:
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(rf"^{menu}$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(rf"^{item}$")).click()
+
+
+def test_nbgrader_assignment_list_and_formgrader_load_for_the_instructor(context, lab):
+    from playwright.sync_api import expect
+
+    page = open_lab(context, lab)
+    with screenshot_on_failure(page, "nbgrader"):
+        _menu(page, "Nbgrader", "Assignment List")
+        panel = page.locator("#nbgrader-assignment-list")
+        released = panel.locator("#released_assignments_list")
+        expect(released).to_contain_text(MODULE, timeout=60_000)     # released to the exchange: fetchable
+        expect(panel.locator("#released_assignments_list_error")).to_be_hidden()
+        expect(panel.locator("#fetched_assignments_list_error")).to_be_hidden()
+        expect(panel.locator("#submitted_assignments_list_error")).to_be_hidden()
+        shot(page, "assignment-list")
+
+        _menu(page, "Nbgrader", "Formgrader")
+        frame = page.frame_locator("#formgrader-iframe iframe")
+        expect(frame.locator("body")).to_contain_text("Manage Assignments", timeout=60_000)
+        row = frame.locator("tr", has_text=MODULE)                 # the course's assignment, from its gradebook
+        expect(row.first).to_be_visible(timeout=60_000)
+        # formgrader's error page (e.g. a course root outside the lab's root) says "encountered an error"
+        expect(frame.locator("body")).not_to_contain_text("encountered an error", use_inner_text=True)
+        shot(page, "formgrader")
+    page.close()
