@@ -249,19 +249,26 @@ def test_scaling_widget_renders_and_drives_the_kernel_side_config(context, lab):
         t_kernel = time.time()
 
         # Run the cells from the top to the widget cell, as a student would (Shift+Enter each).
-        cells.nth(0).click()                      # selects the first (markdown) cell in command mode
+        cells.nth(0).locator(".jp-InputPrompt").click()   # selects the first cell, in command mode
         page.keyboard.press("Escape")
         for _ in range(index + 1):
             page.keyboard.press("Shift+Enter")
         widget = cells.nth(index)
         slider = widget.locator(".widget-slider", has_text="num_workers")
-        expect(slider).to_be_visible(timeout=240_000)
+        deadline = time.time() + 240
+        while not slider.is_visible():            # fail at once on an error, not at the timeout
+            for i in range(index + 1):
+                text = "\n".join(cells.nth(i).locator(".jp-OutputArea-output").all_inner_texts())
+                if "Traceback" in text:
+                    cells.nth(i).scroll_into_view_if_needed()     # for the failure screenshot
+                    pytest.fail(f"cell {i} failed:\n{text}")
+            assert not WIDGET_ERRORS.search(widget.inner_text()), f"the widget did not render:\n{widget.inner_text()}"
+            assert time.time() < deadline, f"no num_workers slider after 240 s:\n{widget.inner_text()}"
+            page.wait_for_timeout(1000)
         expect(widget.locator(".jp-InputPrompt")).not_to_have_text(re.compile(r"\*"), timeout=60_000)
         t_widget = time.time()
         print(f"notebook open and kernel idle: {t_kernel - t0:.0f} s; cells 0-{index} run "
               f"(Ray started by init_ray) and widget shown: {t_widget - t_kernel:.0f} s")
-        for i in range(index + 1):
-            assert "Traceback" not in cells.nth(i).inner_text(), f"cell {i} failed: {cells.nth(i).inner_text()}"
         assert not WIDGET_ERRORS.search(page.locator("#main").inner_text())
 
         readout = slider.locator(".widget-readout")
