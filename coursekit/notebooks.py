@@ -23,8 +23,24 @@ from pathlib import Path
 import psutil
 
 
-def tree_pss(root: psutil.Process) -> int:
-    """Memory of ``root`` and all its descendants: proportional set size (RSS where PSS is unreadable)."""
+def process_kind(p: psutil.Process) -> str:
+    """A short name for a process: Ray's title (``ray::RayTrainWorker``), the script, or the program."""
+    try:
+        cmd = p.cmdline()
+    except psutil.Error:
+        return "?"
+    if cmd and cmd[0].startswith("ray::"):
+        return cmd[0].split()[0]
+    scripts = [Path(a).name for a in cmd[1:3] if a.endswith(".py")]
+    if "-m" in cmd[1:3]:
+        scripts = [cmd[cmd.index("-m") + 1]]
+    return scripts[0] if scripts else (Path(cmd[0]).name if cmd else p.name())
+
+
+def tree_pss(root: psutil.Process, by_kind: dict | None = None) -> int:
+    """Memory of ``root`` and all its descendants: proportional set size (RSS where PSS is unreadable).
+
+    Pass a dict as ``by_kind`` to also get ``[bytes, processes]`` per kind of process (see process_kind)."""
     total = 0
     try:
         procs = [root, *root.children(recursive=True)]
@@ -32,12 +48,17 @@ def tree_pss(root: psutil.Process) -> int:
         return 0
     for p in procs:
         try:
-            total += p.memory_full_info().pss
+            size = p.memory_full_info().pss
         except (psutil.Error, AttributeError):
             try:
-                total += p.memory_info().rss
+                size = p.memory_info().rss
             except psutil.Error:
-                pass
+                continue
+        total += size
+        if by_kind is not None:
+            entry = by_kind.setdefault(process_kind(p), [0, 0])
+            entry[0] += size
+            entry[1] += 1
     return total
 
 
@@ -60,14 +81,17 @@ def execute(notebook: Path, out: Path, parameters: dict | None = None, env: dict
     start = time.perf_counter()
     with open(log, "w") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=run_env)
-        peak = 0
+        peak, peak_by_kind = 0, {}
         stop = threading.Event()
 
         def sample():
-            nonlocal peak
+            nonlocal peak, peak_by_kind
             ps = psutil.Process(proc.pid)
             while not stop.is_set():
-                peak = max(peak, tree_pss(ps))
+                by_kind: dict = {}
+                total = tree_pss(ps, by_kind)
+                if total > peak:
+                    peak, peak_by_kind = total, by_kind
                 stop.wait(1.0)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -85,6 +109,9 @@ def execute(notebook: Path, out: Path, parameters: dict | None = None, env: dict
     record = json.loads(record_file.read_text()) if record_file.exists() else {}
     return {"notebook": str(notebook), "output": str(out), "log": str(log), "returncode": returncode,
             "wall_s": round(wall, 1), "peak_pss_mib": round(peak / 2**20), "record": record,
+            # what the machine held at that peak, per kind of process, largest first
+            "peak_by_process_mib": {(k if n == 1 else f"{k} x{n}"): round(b / 2**20) for k, (b, n) in
+                                    sorted(peak_by_kind.items(), key=lambda kv: -kv[1][0])},
             "log_tail": log.read_text()[-3000:] if returncode else ""}
 
 
@@ -98,15 +125,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("build/course"))
     p.add_argument("--size", default="cpu", help="COURSE_SIZE for the run (smoke, cpu, gpu)")
     p.add_argument("--only", default=None, help="run only notebooks whose name contains this")
+    p.add_argument("--platform", default=None,
+                   help="COURSE_PLATFORM for the run: binder measures the notebooks as Binder runs them")
     args = p.parse_args(argv)
     rows = []
     for nb in find_notebooks(args.folder):
         if args.only and args.only not in nb.name:
             continue
         print(f"executing {nb} ...", flush=True)
-        r = execute(nb, args.out / nb.name, env={"COURSE_SIZE": args.size})
+        env = {"COURSE_SIZE": args.size, **({"COURSE_PLATFORM": args.platform} if args.platform else {})}
+        r = execute(nb, args.out / nb.name, env=env)
         status = "ok" if r["returncode"] == 0 else f"FAILED (see {r['log']})"
         print(f"  {status}: {r['wall_s']} s, peak {r['peak_pss_mib']} MiB PSS, recorded {r['record']}", flush=True)
+        print(f"  at the peak (MiB): {r['peak_by_process_mib']}", flush=True)
         rows.append(r)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.json").write_text(json.dumps(rows, indent=1))

@@ -25,7 +25,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 ANYSCALE_STORAGE = Path("/mnt/cluster_storage")
 
 # Size profiles: how much work a notebook does by default. "smoke" is what CI,
-# the autograder and --smoke-test use; "cpu" is a student on a laptop/Binder;
+# the autograder, --smoke-test and Binder (a shared CPU and 2 GiB) use; "cpu" is a student on a laptop;
 # "gpu" is the real thing on a GPU cluster.
 SIZES: dict[str, dict[str, int]] = {
     "smoke": dict(train_samples=1024, test_samples=256, epochs=2, global_batch_size=64,
@@ -136,7 +136,7 @@ def detect(env: dict | None = None) -> Runtime:
 
     size = env.get("COURSE_SIZE")
     if size is None:
-        if grading or platform == "ci":
+        if grading or platform in {"ci", "binder"}:
             size = "smoke"
         else:
             size = "gpu" if num_gpus > 0 else "cpu"
