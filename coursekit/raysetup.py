@@ -59,6 +59,12 @@ RAY_ENV = {
 }
 
 
+# A small machine (Binder's 2 GiB, CI) starts no Python workers ahead of need: by default Ray
+# starts one idle worker process per CPU when it starts (about 100 MiB each) and again for the
+# first driver, whether or not anything runs on them.
+LEAN_SYSTEM_CONFIG = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
+
+
 def _is_noise(actor: str, line: str) -> bool:
     if actor in _NOISY_ACTORS:
         return True
@@ -145,9 +151,12 @@ def init_ray(runtime: Runtime | None = None, quiet: bool | None = None, dashboar
     else:
         kwargs.update(num_cpus=rt.num_cpus, num_gpus=rt.num_gpus, include_dashboard=dashboard)
         if rt.lean:
-            kwargs.update(object_store_memory=256 * 2**20)
+            kwargs.update(object_store_memory=256 * 2**20, _system_config=dict(LEAN_SYSTEM_CONFIG))
     kwargs["runtime_env"] = runtime_env
+    system_config = {**kwargs.get("_system_config", {}), **overrides.pop("_system_config", {})}
     kwargs.update(overrides)
+    if system_config:
+        kwargs["_system_config"] = system_config
     # On a busy 2-core machine the raylet can die at start-up: it gives Ray's dashboard agent
     # a hard-coded 15 s to write its port file (ray-project/ray#65983), and Ray then reports
     # "timed out during startup" after 30 s. Starting again usually succeeds.

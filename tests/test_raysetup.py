@@ -1,4 +1,5 @@
 """Ray start-up: the noise filter, and coursekit reaching the workers."""
+import dataclasses
 import subprocess
 
 import pytest
@@ -93,3 +94,25 @@ def test_joining_an_existing_cluster_ships_coursekit_to_its_workers(tmp_path):
             pass
         head.wait(timeout=60)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_lean_start_caps_the_store_starts_no_idle_workers_and_keeps_a_callers_system_config(monkeypatch):
+    import ray
+
+    import coursekit.raysetup as raysetup
+    from coursekit.runtime import detect
+
+    seen = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw) or "ctx")
+    monkeypatch.setattr(raysetup, "_install_log_filter", lambda: True)
+    binder = detect({"COURSE_PLATFORM": "binder"})
+    assert raysetup.init_ray(binder, _system_config={"idle_worker_killing_time_threshold_ms": 600_000}) == "ctx"
+    assert seen["include_dashboard"] is False and seen["object_store_memory"] == 256 * 2**20
+    assert seen["_system_config"] == {"enable_worker_prestart": False, "prestart_worker_first_driver": False,
+                                      "idle_worker_killing_time_threshold_ms": 600_000}
+    # a big local machine keeps Ray's defaults
+    seen.clear()
+    big = dataclasses.replace(detect({"COURSE_PLATFORM": "local"}), memory_gib=64.0)
+    raysetup.init_ray(big)
+    assert "_system_config" not in seen and "object_store_memory" not in seen
