@@ -96,8 +96,7 @@ def make_scaling_config(num_workers: int, use_gpu: bool, cpus_per_worker: float 
     if placement_strategy not in PLACEMENT_STRATEGIES:
         raise ScalingError(f"placement_strategy={placement_strategy!r} is not one of "
                            f"{', '.join(PLACEMENT_STRATEGIES)}.")
-    nodes = cluster_nodes()
-    if placement_strategy == "STRICT_SPREAD" and num_workers > nodes:
+    if placement_strategy == "STRICT_SPREAD" and num_workers > (nodes := cluster_nodes()):
         raise ScalingError(
             f"STRICT_SPREAD puts every worker on a different node: {num_workers} workers need "
             f"{num_workers} nodes, but this cluster has {nodes}. Ray would wait for them forever. "

@@ -2,14 +2,14 @@
 
 A head node and a worker node, each a separate Ray node with its own raylet, object store,
 temp dir and CPUs, as on two machines. Module 02's script joins the cluster (RAY_ADDRESS),
-its two training workers land on different nodes (STRICT_SPREAD), and the checkpoint reaches
-the shared storage folder that both nodes see (an NFS mount / /mnt/cluster_storage on a real
-cluster).
+its two training workers land on different nodes (STRICT_SPREAD; each node has CPUs for both,
+so with the default PACK they share one node), and the checkpoint reaches the shared storage
+folder that both nodes see (an NFS mount / /mnt/cluster_storage on a real cluster).
 
 Stopping: `ray stop` has no address or temp-dir option; it kills every Ray process on the
 machine by name (other people's clusters too). So each node runs `ray start --block` in its own
-process session: on SIGTERM the blocking `ray start` drains the node and stops the raylet, object
-store, GCS and agents it started; we then SIGKILL whatever is left of that process group and any
+process session: on SIGTERM the blocking `ray start` stops the raylet, object store, GCS and
+agents it started; we then SIGKILL whatever is left of that process group and any
 process whose command line names one of our private temp dirs (Ray's worker processes do).
 """
 from __future__ import annotations
@@ -189,3 +189,13 @@ def test_strict_spread_on_one_machine_is_refused_with_a_clear_message():
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "2 workers need 2 nodes, but this cluster has 1" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_make_scaling_config_passes_the_placement_strategy_to_ray():
+    from coursekit.scaling import ScalingError, make_scaling_config
+
+    cluster = {"CPU": 4, "GPU": 0}
+    assert make_scaling_config(2, False, resources=cluster).placement_strategy == "PACK"  # Ray's default
+    assert make_scaling_config(2, False, resources=cluster, placement_strategy="SPREAD").placement_strategy == "SPREAD"
+    with pytest.raises(ScalingError, match="'spread' is not one of PACK, SPREAD"):
+        make_scaling_config(2, False, resources=cluster, placement_strategy="spread")
