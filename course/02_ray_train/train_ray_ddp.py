@@ -3,6 +3,7 @@
     python train_ray_ddp.py --num-workers 2 --epochs 3            # CPU workers (gloo)
     python train_ray_ddp.py --num-workers 8 --epochs 3 --use-gpu  # one GPU each (nccl)
     python train_ray_ddp.py --smoke-test                          # small and quick
+    python train_ray_ddp.py --placement-strategy STRICT_SPREAD    # one worker per node (a cluster)
 
 The same file runs on a laptop and on a Ray cluster: on a cluster (Anyscale,
 or RAY_ADDRESS set) it joins the cluster and writes results to shared storage.
@@ -32,7 +33,7 @@ from coursekit import detect
 from coursekit.data import load_digits
 from coursekit.models import accuracy, build_model
 from coursekit.raysetup import init_ray, storage_path
-from coursekit.scaling import ScalingError, make_scaling_config
+from coursekit.scaling import PLACEMENT_STRATEGIES, ScalingError, make_scaling_config
 
 
 def worker_batch_size(global_batch_size: int) -> int:
@@ -41,6 +42,16 @@ def worker_batch_size(global_batch_size: int) -> int:
     if global_batch_size % world_size:
         raise ValueError(f"global batch {global_batch_size} does not split over {world_size} workers")
     return global_batch_size // world_size
+
+
+def worker_node_ids() -> list[str]:
+    """The Ray node each worker runs on, in rank order: where the placement strategy put them."""
+    mine = ray.get_runtime_context().get_node_id()
+    if not (dist.is_available() and dist.is_initialized()):
+        return [mine]
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)  # every rank sends its node id to every rank
+    return everyone
 
 
 def save_checkpoint_and_report(model: torch.nn.Module, metrics: dict) -> None:
@@ -68,6 +79,7 @@ def train_func(config: dict) -> None:
     loader = DataLoader(data.dataset(), batch_size=worker_batch_size(config["global_batch_size"]),
                         shuffle=True, drop_last=True)
     loader = ray.train.torch.prepare_data_loader(loader)  # DistributedSampler + device moves
+    node_ids = worker_node_ids()
 
     for epoch in range(config["epochs"]):
         if isinstance(loader.sampler, DistributedSampler):
@@ -82,7 +94,8 @@ def train_func(config: dict) -> None:
             total += torch.tensor([loss.item() * len(labels), len(labels)])
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(total)  # the epoch's loss over all workers, not just this one
-        save_checkpoint_and_report(model, {"epoch": epoch, "loss": (total[0] / total[1]).item()})
+        save_checkpoint_and_report(model, {"epoch": epoch, "loss": (total[0] / total[1]).item(),
+                                           "node_ids": node_ids})
 
 
 def load_model(checkpoint: Checkpoint, model_name: str = "resnet18") -> torch.nn.Module:
@@ -104,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--global-batch-size", type=int, default=None)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--smoke-test", action="store_true", help="tiny data, 2 epochs")
+    p.add_argument("--placement-strategy", default="PACK", choices=PLACEMENT_STRATEGIES,
+                   help="how workers spread over a cluster's nodes (STRICT_SPREAD: one per node)")
     p.add_argument("--name", default=None, help="run name under the storage path")
     p.add_argument("--metrics-out", default=None, help="write the run's figures as JSON here")
     args = p.parse_args(argv)
@@ -120,10 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         if rt.ray_address is None:  # a local machine: refuse an impossible choice before starting Ray
-            make_scaling_config(args.num_workers, args.use_gpu, global_batch_size=config["global_batch_size"])
+            make_scaling_config(args.num_workers, args.use_gpu, global_batch_size=config["global_batch_size"],
+                                placement_strategy=args.placement_strategy)
         init_ray(rt)
         scaling_config = make_scaling_config(args.num_workers, args.use_gpu,  # the cluster's resources
-                                             global_batch_size=config["global_batch_size"])
+                                             global_batch_size=config["global_batch_size"],
+                                             placement_strategy=args.placement_strategy)
     except ScalingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -138,11 +155,14 @@ def main(argv: list[str] | None = None) -> int:
     print(df[["epoch", "loss"]].to_string(index=False))
     test = load_digits(train=False, limit=sizes["test_samples"], quiet=True)
     acc = accuracy(load_model(result.checkpoint), test.tensors, test.labels)
+    node_ids = result.metrics["node_ids"]
     print(f"test accuracy {acc:.3f} ({test.source}); fit took {wall:.1f} s; results in {result.path}")
+    print(f"{len(node_ids)} workers ran on {len(set(node_ids))} node(s) ({args.placement_strategy})")
     if args.metrics_out:
         with open(args.metrics_out, "w") as f:
             json.dump({"losses": df["loss"].tolist(), "test_accuracy": acc, "fit_seconds": wall,
-                       "num_workers": args.num_workers, "path": result.path}, f)
+                       "num_workers": args.num_workers, "path": result.path,
+                       "placement_strategy": args.placement_strategy, "worker_node_ids": node_ids}, f)
     return 0
 
 
