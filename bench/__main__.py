@@ -1,0 +1,262 @@
+"""python -m bench [--short] [--out DIR] [--only SECTION,...]: see bench/__init__.py."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from bench.report import REPO, figure, machine, markdown
+
+SECTIONS = ["notebooks", "fit_cost", "throughput", "data", "grading", "memory"]
+
+# Targets (issue 9)
+COURSE_WALL_S = 600          # every notebook, CPU mode, in at most 10 minutes
+NOTEBOOK_PEAK_MIB = 2048     # each notebook at most 2 GiB in Binder mode
+FIT_COST_S = 15              # one trivial 2-worker fit()
+THROUGHPUT_RATIO = 0.9       # Ray Train DDP / torchrun DDP
+GRADING_S = 30               # per submission per module
+MEMORY_TOLERANCE = 0.10      # measured / predicted model state per rank
+
+
+def _env() -> dict:
+    """Child processes find the bench package (Ray's workers too: they inherit the raylet's environment)."""
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": str(REPO) + (os.pathsep + path if path else "")}
+
+
+def _run(cmd: list[str], log: Path, timeout_s: float) -> float:
+    """Run a command with its output in ``log``; return its wall time; raise with the log's tail if it fails."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, env=_env(), stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{' '.join(cmd)} did not finish in {timeout_s:.0f} s (log: {log})") from None
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed with status {proc.returncode} (log: {log}):\n"
+                           + log.read_text()[-3000:])
+    return wall
+
+
+def _ray_train(ctx: dict) -> dict:
+    """Sections 2 and 3 share one Ray session (one job); a failure is remembered, not run twice."""
+    if "ray_train" not in ctx:
+        try:
+            ctx["ray_train"] = _job("ray_train", ctx["work"], ctx["short"], 900)
+        except Exception as e:
+            ctx["ray_train"] = e
+    if isinstance(ctx["ray_train"], Exception):
+        raise RuntimeError("the Ray Train job failed (see fit_cost's error)") from ctx["ray_train"]
+    return ctx["ray_train"]
+
+
+def _job(name: str, work: Path, short: bool, timeout_s: float) -> dict:
+    out = work / f"{name}.json"
+    out.unlink(missing_ok=True)
+    _run([sys.executable, "-m", "bench.jobs", name, str(out), *(["--short"] if short else [])],
+         work / f"{name}.log", timeout_s)
+    return json.loads(out.read_text())
+
+
+def _torchrun(module_args: list[str], log: Path, timeout_s: float) -> float:
+    return _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                 "-m", *module_args], log, timeout_s)
+
+
+# -- the sections ------------------------------------------------------------------------------------
+
+def notebooks(ctx: dict) -> dict:
+    from coursekit.notebooks import execute, find_notebooks
+
+    found = find_notebooks(REPO / "solutions")
+    chosen = [nb for nb in found if nb.name.startswith("01_")] if ctx["short"] else found
+    rows, figures, table = [], [], ["| notebook | status | wall (s) | peak PSS (MiB) | largest at the peak (MiB) |",
+                                    "|---|---|---|---|---|"]
+    for nb in chosen:
+        r = execute(nb, ctx["work"] / "notebooks" / nb.name, env={"COURSE_PLATFORM": "binder"}, timeout_s=1800)
+        ok = r["returncode"] == 0
+        rows.append({k: r[k] for k in ("notebook", "returncode", "wall_s", "peak_pss_mib", "peak_by_process_mib",
+                                       "record", "log")})
+        top = ", ".join(f"{k} {v}" for k, v in list(r["peak_by_process_mib"].items())[:4])
+        table.append(f"| {nb.name} | {'ok' if ok else 'FAILED'} | {r['wall_s']} | {r['peak_pss_mib']} | {top} |")
+        figures.append(figure(f"{nb.stem} peak memory", r["peak_pss_mib"], "MiB", NOTEBOOK_PEAK_MIB, "<=",
+                              note="whole process tree (kernel, Ray, workers) at its peak; see the table"))
+        if not ok:
+            raise RuntimeError(f"{nb.name} failed (log {r['log']}):\n{r['log_tail']}")
+    total = sum(r["wall_s"] for r in rows)
+    figures.insert(0, figure(f"sum of wall times ({len(rows)} notebook{'s' if len(rows) > 1 else ''})", total, "s",
+                             COURSE_WALL_S, "<="))
+    return {"figures": figures, "details": rows, "table": table,
+            "how": "`coursekit.notebooks.execute` (papermill) on every solution notebook with COURSE_PLATFORM=binder "
+                   "(smoke sizes, lean Ray, CPU only); peak = PSS of the whole process tree sampled every second."}
+
+
+def fit_cost(ctx: dict) -> dict:
+    r = _ray_train(ctx)
+    fits = r["fits"]
+    runs = []
+    for i in range(1 if ctx["short"] else 3):
+        stamps = ctx["work"] / f"torchrun-trivial-{i}.json"
+        wall = _torchrun(["bench.trivial_ddp", str(stamps)], ctx["work"] / f"torchrun-trivial-{i}.log", 300)
+        runs.append({"wall_s": wall, **json.loads(stamps.read_text())})
+    fit_s = min(f["fit_s"] for f in fits)
+    torchrun_s = min(x["wall_s"] for x in runs)
+    best = min(fits, key=lambda f: f["fit_s"])
+    table = ["| step of the best fit() | seconds |", "|---|---|",
+             f"| ray.init (once, before) | {r['ray_init_s']:.1f} |",
+             f"| fit() called -> worker process created | {best['until_worker_process_created_s']:.1f} |",
+             f"| worker process created -> train function starts | {best['worker_process_to_train_func_s']:.1f} |",
+             f"| train function (one report) | {best['train_func_s']:.2f} |",
+             f"| report -> fit() returns | {best['report_to_fit_return_s']:.1f} |",
+             f"| **fit() total** | **{best['fit_s']:.1f}** |",
+             f"| for comparison: two plain 1-CPU Ray actors, created and answering | {r['two_plain_actors_s']:.1f} |",
+             f"| torchrun 2 processes: gloo group, barrier, exit (whole command) | {torchrun_s:.1f} |"]
+    return {"figures": [figure("Ray Train fit() of a trivial function, 2 CPU workers", fit_s, "s", FIT_COST_S, "<=",
+                               note="see the breakdown: most of it is before the train function starts"),
+                        figure("ray.init (reported separately)", r["ray_init_s"], "s"),
+                        figure("torchrun, same trivial 2-process job", torchrun_s, "s"),
+                        figure("fit() / torchrun", fit_s / torchrun_s, "x")],
+            "details": {"ray": r, "torchrun": runs}, "table": table,
+            "how": ("Ray started first (`coursekit.raysetup.init_ray`, timed apart); then `TorchTrainer.fit()` of a "
+                    "train function that only calls `ray.train.report` once, on 2 CPU workers "
+                    f"({len(fits)} fit(s); the best counts). The function reports when it started and when its "
+                    "worker process was created (psutil), which splits the fit. torchrun: the whole "
+                    "`torchrun --standalone --nproc_per_node 2 -m bench.trivial_ddp` command "
+                    "(import torch.distributed, init_process_group gloo, barrier, exit).")}
+
+
+def throughput(ctx: dict) -> dict:
+    ray_r = _ray_train(ctx)["throughput"]
+    steps, warmup = (5, 2) if ctx["short"] else (40, 5)
+    out = ctx["work"] / "torchrun-throughput.json"
+    wall = _torchrun(["bench.ddp_loop", "--steps", str(steps), "--warmup", str(warmup), "--out", str(out)],
+                     ctx["work"] / "torchrun-throughput.log", 600)
+    tr = json.loads(out.read_text())
+    ratio = ray_r["samples_per_s"] / tr["samples_per_s"]
+    table = ["| launcher | samples/s | step (ms) | torch threads/worker | whole run (s) |", "|---|---|---|---|---|",
+             f"| Ray Train (TorchTrainer.fit) | {ray_r['samples_per_s']:.1f} | {ray_r['step_ms']:.0f} | "
+             f"{ray_r['torch_threads']} | {ray_r['fit_s']:.1f} |",
+             f"| torchrun | {tr['samples_per_s']:.1f} | {tr['step_ms']:.0f} | {tr['torch_threads']} | {wall:.1f} |"]
+    return {"figures": [figure("Ray Train DDP / torchrun DDP samples per second", ratio, "x", THROUGHPUT_RATIO, ">="),
+                        figure("Ray Train DDP", ray_r["samples_per_s"], "samples/s"),
+                        figure("torchrun DDP", tr["samples_per_s"], "samples/s")],
+            "details": {"ray_train": ray_r, "torchrun": tr, "torchrun_wall_s": wall}, "table": table,
+            "how": (f"module 02's ResNet18 on the digits, 2 CPU workers (gloo), global batch {tr['global_batch_size']}, "
+                    f"the same loop (`bench/ddp_loop.py`) under both launchers; `coursekit.planner.StepMeter` "
+                    f"times {steps} optimizer steps after {warmup} warm-up steps inside the workers "
+                    "(start-up excluded). Module 07's scripts measure the same way but train its ViT, not "
+                    "module 02's model.")}
+
+
+def data(ctx: dict) -> dict:
+    r = _job("data", ctx["work"], ctx["short"], 900)
+    last = r["passes"][-1]
+    ratio = last["raydata_rows_per_s"] / last["dataloader_rows_per_s"]
+    table = ["| pass | DataLoader rows/s | Ray Data rows/s | Ray Data / DataLoader |", "|---|---|---|---|"]
+    table += [f"| {p['pass']} | {p['dataloader_rows_per_s']:.0f} | {p['raydata_rows_per_s']:.0f} | "
+              f"{p['raydata_rows_per_s'] / p['dataloader_rows_per_s']:.2f} |" for p in r["passes"]]
+    figures = [figure("Ray Data / DataLoader rows per second", ratio, "x"),
+               figure("DataLoader", last["dataloader_rows_per_s"], "rows/s"),
+               figure("Ray Data", last["raydata_rows_per_s"], "rows/s")]
+    nb = ctx.get("notebook_records", {}).get("03_ray_data")
+    notes = []
+    if nb and "raydata_rows_per_s" in nb:
+        notes.append(f"module 03's notebook measured in section 1: DataLoader {nb['dataloader_rows_per_s']:.0f} rows/s, "
+                     f"Ray Data {nb['raydata_rows_per_s']:.0f} rows/s")
+    return {"figures": figures, "details": r, "table": table, "notes": notes,
+            "how": (f"module 03's comparison (its notebook's DataLoader vs Ray Data cell, with its `preprocess` and "
+                    f"`coursekit.raydata` plan/timed): {r['rows']} PNG digits read, decoded, normalised and batched "
+                    f"({r['batch_size']} per batch) by a DataLoader with Ray Data's CPUs as worker processes and by "
+                    "`ray.data.read_images(...).map_batches(preprocess)`. No target in issue 9; the last pass counts "
+                    "(the first includes starting processes).")}
+
+
+def grading(ctx: dict) -> dict:
+    out = ctx["work"] / "grading-bench"
+    args = ["--students", "1", "--jobs", "1", "--modules", "01_ddp_pytorch"] if ctx["short"] else \
+        ["--students", "2", "--jobs", "2"]
+    wall = _run([sys.executable, "-m", "autograder.benchmark", *args, "--out", str(out)],
+                ctx["work"] / "grading-bench.log", 3600)
+    timings = json.loads((out / "grading" / "timings.json").read_text())["seconds_per_submission"]
+    figures = [figure(f"{m} s/submission", t["mean_s"], "s", GRADING_S, "<=", note=f"slowest {t['max_s']:.1f} s")
+               for m, t in timings.items()]
+    table = ["| module | mean s/submission | max | tree RSS (MiB) |", "|---|---|---|---|"]
+    table += [f"| {m} | {t['mean_s']:.1f} | {t['max_s']:.1f} | {t['max_tree_rss_mib']} |" for m, t in timings.items()]
+    return {"figures": figures, "details": {"timings": timings, "wall_s": wall}, "table": table,
+            "how": f"`python -m autograder.benchmark {' '.join(args)}`: submissions alternately the reference "
+                   "solution and the untouched notebook, graded by nbgrader in the grading jail; seconds of each "
+                   "submission's own process."}
+
+
+def memory(ctx: dict) -> dict:
+    r = _job("memory", ctx["work"], ctx["short"], 1200)
+    figures, table = [], ["| strategy | predicted (KiB) | measured, largest rank (KiB) | measured / predicted |",
+                          "|---|---|---|---|"]
+    for row in r["comparison"]:
+        ratio = row["measured / predicted"]
+        figures.append(figure(f"{row['strategy']} model state per rank, measured / predicted", ratio, "x", 1.0, "~",
+                              tolerance=MEMORY_TOLERANCE))
+        table.append(f"| {row['strategy']} | {row['predicted'] / 1024:.0f} | {row['measured'] / 1024:.0f} | {ratio:.3f} |")
+    return {"figures": figures, "details": r, "table": table,
+            "how": (f"module 07's training functions (train_ray_*.py) on 2 real gloo ranks (Ray Train's context "
+                    f"simulated), ViT of {r['num_params']} parameters, fp32, Adam; `coursekit.planner.StepMeter` "
+                    "counts each rank's parameters, gradients and optimizer state after the backward pass; "
+                    "`coursekit.planner.compare` against `predict` (accumulation=False: the scripts do not "
+                    "accumulate). Target: within 10%.")}
+
+
+FUNCS = {"notebooks": notebooks, "fit_cost": fit_cost, "throughput": throughput, "data": data,
+         "grading": grading, "memory": memory}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="The course's performance harness (issue 9).")
+    p.add_argument("--short", action="store_true", help="smallest settings, same code paths (CI, about 4 min)")
+    p.add_argument("--out", type=Path, default=REPO / "bench", help="where results.json and RESULTS.md go")
+    p.add_argument("--only", default=None, help=f"comma-separated sections (default: all of {', '.join(SECTIONS)})")
+    args = p.parse_args(argv)
+    chosen = args.only.split(",") if args.only else SECTIONS
+    unknown = set(chosen) - set(SECTIONS)
+    if unknown:
+        p.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
+    out = args.out.resolve()
+    work = out / "work" if out != REPO / "bench" else REPO / "build" / "bench"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
+    results = {"mode": "short" if args.short else "full", "machine": machine(), "sections": {}}
+    ctx: dict = {"short": args.short, "work": work}
+    start = time.perf_counter()
+    for name in chosen:
+        print(f"[bench] {name} ...", flush=True)
+        t0 = time.perf_counter()
+        try:
+            section = FUNCS[name](ctx)
+            section["error"] = None
+        except Exception:
+            section = {"figures": [], "error": traceback.format_exc()}
+        section["seconds"] = round(time.perf_counter() - t0, 1)
+        if name == "notebooks":
+            ctx["notebook_records"] = {Path(d["notebook"]).stem: d["record"] for d in section.get("details", [])}
+        results["sections"][name] = section
+        for f in section["figures"]:
+            print(f"[bench]   {f['name']}: {f['value']} {f['unit']} -> {f['status']}", flush=True)
+        if section["error"]:
+            print(f"[bench]   FAILED: {section['error'].strip().splitlines()[-1]}", flush=True)
+        results["total_s"] = round(time.perf_counter() - start, 1)
+        out.mkdir(parents=True, exist_ok=True)      # written after every section: a stopped run keeps what it had
+        (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+        (out / "RESULTS.md").write_text(markdown(results))
+    print(f"[bench] done in {results['total_s']:.0f} s: {out / 'results.json'}, {out / 'RESULTS.md'}", flush=True)
+    return 1 if any(s["error"] for s in results["sections"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
