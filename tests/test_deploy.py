@@ -231,3 +231,15 @@ def test_binder_registers_the_course_kernel_and_starts_in_binder_mode():
     from coursekit.runtime import detect
     rt = detect({"COURSE_PLATFORM": "binder", "CUDA_VISIBLE_DEVICES": ""})
     assert rt.platform == "binder" and rt.lean and rt.default_workers == 2
+
+
+def test_readme_binder_badge_opens_the_first_notebook_of_the_course():
+    import re
+    readme = (REPO / "README.md").read_text()
+    badge = re.search(r"\[!\[Binder\]\(https://mybinder\.org/badge_logo\.svg\)\]\((https://mybinder\.org/v2/gh/[^)]+)\)",
+                      readme)
+    assert badge, "the README needs a Binder badge near the top"
+    assert readme.index(badge.group(0)) < readme.index("## The course")
+    urlpath = re.search(r"[?&]urlpath=lab/tree/([^&)]+)", badge.group(1))
+    assert urlpath and urlpath.group(1) == "course/01_ddp_pytorch/01_ddp_pytorch.ipynb"
+    assert (REPO / urlpath.group(1)).is_file()
