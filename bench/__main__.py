@@ -88,7 +88,7 @@ def notebooks(ctx: dict) -> dict:
         top = ", ".join(f"{k} {v}" for k, v in list(r["peak_by_process_mib"].items())[:4])
         table.append(f"| {nb.name} | {'ok' if ok else 'FAILED'} | {r['wall_s']} | {r['peak_pss_mib']} | {top} |")
         figures.append(figure(f"{nb.stem} peak memory", r["peak_pss_mib"], "MiB", NOTEBOOK_PEAK_MIB, "<=",
-                              note="whole process tree (kernel, Ray, workers) at its peak; see the table"))
+                              note=f"whole process tree at its peak; largest there (MiB): {top}"))
         if not ok:
             raise RuntimeError(f"{nb.name} failed (log {r['log']}):\n{r['log_tail']}")
     total = sum(r["wall_s"] for r in rows)
@@ -110,17 +110,50 @@ def fit_cost(ctx: dict) -> dict:
     fit_s = min(f["fit_s"] for f in fits)
     torchrun_s = min(x["wall_s"] for x in runs)
     best = min(fits, key=lambda f: f["fit_s"])
-    table = ["| step of the best fit() | seconds |", "|---|---|",
-             f"| ray.init (once, before) | {r['ray_init_s']:.1f} |",
-             f"| fit() called -> worker process created | {best['until_worker_process_created_s']:.1f} |",
-             f"| worker process created -> train function starts | {best['worker_process_to_train_func_s']:.1f} |",
-             f"| train function (one report) | {best['train_func_s']:.2f} |",
-             f"| report -> fit() returns | {best['report_to_fit_return_s']:.1f} |",
-             f"| **fit() total** | **{best['fit_s']:.1f}** |",
-             f"| for comparison: two plain 1-CPU Ray actors, created and answering | {r['two_plain_actors_s']:.1f} |",
-             f"| torchrun 2 processes: gloo group, barrier, exit (whole command) | {torchrun_s:.1f} |"]
+
+    def cell(x):
+        return "-" if x is None else f"{x:.1f}"
+
+    head = "| step of fit() | " + " | ".join(f"fit {i + 1}" for i in range(len(fits))) + " |"
+    steps = [("fit() called -> controller process created", "until_controller_process_created_s"),
+             ("controller created -> worker processes created (placement group, worker actors)",
+              "controller_to_worker_process_created_s"),
+             ("worker process created -> train function starts (imports, process group)",
+              "worker_process_to_train_func_s"),
+             ("train function (one report)", "train_func_s"),
+             ("report -> fit() returns (shutdown, polling)", "report_to_fit_return_s"),
+             ("**fit() total**", "fit_s")]
+    table = [head, "|---|" + "---|" * len(fits)]
+    table += [f"| {label} | " + " | ".join(cell(f.get(key)) for f in fits) + " |" for label, key in steps]
+    table += ["", "| for comparison | seconds |", "|---|---|",
+              f"| ray.init (once, before the fits) | {r['ray_init_s']:.1f} |",
+              f"| a fresh Python process: import torch.distributed, ray.train.torch | "
+              f"{cell(r.get('fresh_process_import_torch_and_ray_train_s'))} |",
+              f"| a fresh Python process: import Ray Train's TrainController | "
+              f"{cell(r.get('fresh_process_import_train_controller_s'))} |",
+              f"| two plain 1-CPU Ray actors, created and answering (prestarted processes "
+              f"{'used' if r['plain_actor_process_created_after_s'] < 0 else 'not used'}) | {r['two_plain_actors_s']:.1f} |",
+              f"| the same with a runtime_env of their own, as Ray Train's workers have (new processes "
+              f"after {r['own_runtime_env_actor_process_created_after_s']:.1f} s) | {r['two_actors_own_runtime_env_s']:.1f} |",
+              f"| torchrun 2 processes: gloo group, barrier, exit (whole command) | {torchrun_s:.1f} |"]
+    before = best["until_train_func_start_s"]
+    why = (f"{before:.0f} of the best fit's {best['fit_s']:.0f} s pass before the train function starts: "
+           f"{cell(best.get('until_controller_process_created_s'))} s until Ray Train's controller process "
+           f"exists, {cell(best.get('controller_to_worker_process_created_s'))} s until its worker processes "
+           f"exist, {best['worker_process_to_train_func_s']:.0f} s from there to the train function (a fresh process "
+           f"imports torch and Ray Train in {cell(r.get('fresh_process_import_torch_and_ray_train_s'))} s alone on "
+           "this machine, several times that while two start together on 2 busy cores). Every fit() starts its "
+           "worker processes anew (torchrun starts 2 processes and no more); the controller's own part before "
+           f"them (its import of Ray Train: {cell(r.get('fresh_process_import_train_controller_s'))} s alone, "
+           "the placement group, the worker actors) is the other half. "
+           + ("A runtime_env of their own (Ray Train's worker actors have one) did not stop the probe's actors "
+              "from taking prestarted processes, so that is not the cause. "
+              if r["own_runtime_env_actor_process_created_after_s"] < 0 else
+              "The probe's actors with a runtime_env of their own got new processes, as Ray Train's do. ")
+           + "Tried: nothing beyond the course's settings (health-check interval 0.5 s); the shutdown after "
+           f"the report is only {best['report_to_fit_return_s']:.0f} s.")
     return {"figures": [figure("Ray Train fit() of a trivial function, 2 CPU workers", fit_s, "s", FIT_COST_S, "<=",
-                               note="see the breakdown: most of it is before the train function starts"),
+                               note=why),
                         figure("ray.init (reported separately)", r["ray_init_s"], "s"),
                         figure("torchrun, same trivial 2-process job", torchrun_s, "s"),
                         figure("fit() / torchrun", fit_s / torchrun_s, "x")],

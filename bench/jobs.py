@@ -25,13 +25,35 @@ def trivial_train_func(config: dict) -> None:
     import psutil
     import ray.train
 
-    created = psutil.Process().create_time()
+    me = psutil.Process()
     rank = ray.train.get_context().get_world_rank()
-    stamps = {"t_train_func_start": t_start, "t_worker_process_created": created, "rank": rank}
+    stamps = {"t_train_func_start": t_start, "t_worker_process_created": me.create_time(), "rank": rank,
+              "t_controller_process_created": _controller_created(me)}
     stamps["t_report"] = time.time()
     ray.train.report(stamps)
     # Ray Train V2 keeps metrics in Result only with a checkpoint: the stamps go to a file (same machine)
     Path(config["stamps"], f"rank{rank}.json").write_text(json.dumps(stamps))
+
+
+def _controller_created(me) -> float | None:
+    """When the newest Ray Train controller process (``ray::TrainController``) on this machine was created."""
+    import psutil
+
+    times = []
+    for p in psutil.process_iter(["cmdline", "create_time"]):
+        cmd = p.info["cmdline"] or []
+        if cmd and cmd[0].startswith("ray::TrainController") and p.info["create_time"] <= me.create_time() + 1:
+            times.append(p.info["create_time"])
+    return max(times) if times else None
+
+
+def _import_seconds(code: str) -> float:
+    """What a fresh Python process needs for ``code`` (imports a new Ray process pays)."""
+    import subprocess
+
+    t0 = time.time()
+    subprocess.run([sys.executable, "-c", code], check=True)
+    return time.time() - t0
 
 
 def _stamps(folder: Path) -> dict:
@@ -64,6 +86,10 @@ def ray_train(short: bool) -> dict:
 
     rt = coursekit.detect()
     out: dict = {"runtime": rt.describe()}
+    if not short:   # two fresh interpreters: what a Ray Train worker and its controller import
+        out["fresh_process_import_torch_and_ray_train_s"] = _import_seconds("import torch.distributed, ray.train.torch")
+        out["fresh_process_import_train_controller_s"] = _import_seconds(
+            "from ray.train.v2._internal.execution.controller.controller import TrainController")
     t0 = time.time()
     init_ray(rt)
     out["ray_init_s"] = time.time() - t0
@@ -85,6 +111,15 @@ def ray_train(short: bool) -> dict:
     out["plain_actor_process_created_after_s"] = max(created) - t0
     for a in actors:
         ray.kill(a)
+    # the same with a runtime_env of their own (Ray Train's worker actors have one: the env vars it propagates),
+    # which a prestarted idle worker process cannot serve
+    t0 = time.time()
+    actors = [Ping.options(runtime_env={"env_vars": {"BENCH_PROBE": "1"}}).remote() for _ in range(2)]
+    created = ray.get([a.created.remote() for a in actors])
+    out["two_actors_own_runtime_env_s"] = time.time() - t0
+    out["own_runtime_env_actor_process_created_after_s"] = max(created) - t0
+    for a in actors:
+        ray.kill(a)
     time.sleep(1.0)
 
     fits = []
@@ -92,7 +127,11 @@ def ray_train(short: bool) -> dict:
         folder = Path(tempfile.mkdtemp(prefix="bench-fit-"))
         t_call, t_return, result = _fit(trivial_train_func, {"stamps": str(folder)}, "fit-cost")
         m = _stamps(folder)
+        controller = m.get("t_controller_process_created")
         fits.append({"fit_s": t_return - t_call,
+                     "until_controller_process_created_s": None if controller is None else controller - t_call,
+                     "controller_to_worker_process_created_s": None if controller is None else
+                     m["t_worker_process_created"] - controller,
                      "until_worker_process_created_s": m["t_worker_process_created"] - t_call,
                      "worker_process_to_train_func_s": m["t_train_func_start"] - m["t_worker_process_created"],
                      "until_train_func_start_s": m["t_train_func_start"] - t_call,
