@@ -200,13 +200,18 @@ def data(ctx: dict) -> dict:
                figure("DataLoader", last["dataloader_rows_per_s"], "rows/s"),
                figure("Ray Data", last["raydata_rows_per_s"], "rows/s")]
     nb = ctx.get("notebook_records", {}).get("03_ray_data")
-    notes = []
+    per_pass_s = last["raydata_s"]
+    notes = [f"Ray Data needs {per_pass_s:.1f} s per pass over {r['rows']} small images, the DataLoader "
+             f"{last['dataloader_s']:.1f} s: on a data set this small Ray Data's fixed cost per execution (planning, "
+             "the streaming executor, read and map tasks on the CPUs left beside training) dominates; it pays off "
+             "where data does not fit in one process or preprocessing needs more CPUs/nodes than the trainer's "
+             "(module 03's streaming part)."]
     if nb and "raydata_rows_per_s" in nb:
         notes.append(f"module 03's notebook measured in section 1: DataLoader {nb['dataloader_rows_per_s']:.0f} rows/s, "
                      f"Ray Data {nb['raydata_rows_per_s']:.0f} rows/s")
     return {"figures": figures, "details": r, "table": table, "notes": notes,
             "how": (f"module 03's comparison (its notebook's DataLoader vs Ray Data cell, with its `preprocess` and "
-                    f"`coursekit.raydata` plan/timed): {r['rows']} PNG digits read, decoded, normalised and batched "
+                    f"`coursekit.raydata` plan/timed): {r['rows']} PNG digits ({r.get('source', '?')}) read, decoded, normalised and batched "
                     f"({r['batch_size']} per batch) by a DataLoader with Ray Data's CPUs as worker processes and by "
                     "`ray.data.read_images(...).map_batches(preprocess)`. No target in issue 9; the last pass counts "
                     "(the first includes starting processes).")}

@@ -213,7 +213,7 @@ def data(short: bool) -> dict:
     n_rows = 512 if short else 2048
     batch_size = rt.sizes["global_batch_size"]
     digits = load_digits(train=True, limit=n_rows, quiet=True)
-    out: dict = {"runtime": rt.describe(), "rows": len(digits), "batch_size": batch_size}
+    out: dict = {"runtime": rt.describe(), "rows": len(digits), "source": digits.source, "batch_size": batch_size}
     with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
         images_dir = str(write_digits_image_folder(digits, Path(tmp) / "images"))
         init_ray(rt, **local_ray_options(80))                      # as module 03 does locally
