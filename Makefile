@@ -8,6 +8,7 @@
 #   make grade SUBMISSIONS=dir   autograde a folder (or LMS .zip) of submissions (instructors);
 #                GRADE_ARGS="--jobs 2 --timeout 300 --students roster.txt" passes options
 #   make release      the student-only copy in build/student-release, checked for answers and hidden tests
+#   make bench        the performance harness -> bench/results.json, bench/RESULTS.md (about 40 min, quiet machine)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
@@ -19,7 +20,7 @@ LAB_ARGS ?=
 # JupyterLab refuses to run as root unless told; containers and CI machines often are root.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test course assignments grade release venv clean
+.PHONY: lab test course assignments grade release bench venv clean
 
 venv: $(STAMP)
 
@@ -48,6 +49,9 @@ grade: $(STAMP)
 
 release: $(STAMP)
 	$(PY) -m autograder.student_release --into build/student-release
+
+bench: $(STAMP)
+	$(PY) -m bench
 
 clean:
 	rm -rf build
