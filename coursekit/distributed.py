@@ -1,11 +1,18 @@
 """Run a function on N local processes joined in a torch.distributed process group.
 
 This is what ``torchrun --nproc_per_node=N`` does for a script, for a function
-defined in a notebook: processes are *forked* (so notebook-defined functions
-work), each one gets ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``,
+defined in a notebook: each process gets ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``,
 joins the group, runs ``fn(rank, world_size, *args)`` and sends its return value
-back. Used for small, fast experiments and by the exercise tests; real training
-goes through ``torchrun`` or Ray Train.
+back. Used for small, fast experiments on the CPU (gloo) and by the exercise tests;
+real training goes through ``torchrun`` or Ray Train.
+
+On a machine without GPUs the processes are *forked*: they start in milliseconds and
+inherit everything the notebook defined. Where the machine has a GPU, forking is unsafe
+(the kernel's CUDA context and autograd's per-device threads do not survive a fork:
+"CUDA error: initialization error", "Unable to handle autograd's threading in combination
+with fork-based multiprocessing"), so the processes are *spawned* instead, with the GPUs
+hidden from them, and the function travels by value with cloudpickle. Spawned processes
+import torch again (a few seconds per call).
 """
 from __future__ import annotations
 
@@ -26,13 +33,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(rank: int, world_size: int, port: int, backend: str, fn: Callable, args: tuple,
+def _child(rank: int, world_size: int, port: int, backend: str, fn: Callable | bytes, args: tuple | None,
            results: "mp.Queue", timeout_s: float) -> None:
-    import torch
-    import torch.distributed as dist
-
     code, stage = 0, "setup"
     try:
+        if isinstance(fn, bytes):  # spawned: the function and its arguments come cloudpickled
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks: before anything imports torch
+            os.environ["DS_ACCELERATOR"] = "cpu"     # and DeepSpeed's CPU accelerator (a kernel on a GPU node set cuda)
+            from ray import cloudpickle
+
+            fn, args = cloudpickle.loads(fn)
+        import torch
+        import torch.distributed as dist
+
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                           LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
         torch.set_num_threads(1)  # N processes share this machine's cores
@@ -58,6 +71,18 @@ def _child(rank: int, world_size: int, port: int, backend: str, fn: Callable, ar
         os._exit(code)
 
 
+def start_method() -> str:
+    """``fork`` where it is safe (no GPU visible to torch), else ``spawn``; ``COURSE_START_METHOD`` overrides."""
+    forced = os.environ.get("COURSE_START_METHOD")
+    if forced:
+        if forced not in {"fork", "spawn"}:
+            raise ValueError(f"COURSE_START_METHOD={forced!r} is not one of fork, spawn")
+        return forced
+    import torch
+
+    return "spawn" if torch.cuda.is_available() else "fork"
+
+
 def run_distributed(fn: Callable[..., Any], world_size: int = 2, *args: Any, backend: str = "gloo",
                     timeout_s: float = 120.0) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; return the results by rank.
@@ -67,12 +92,19 @@ def run_distributed(fn: Callable[..., Any], world_size: int = 2, *args: Any, bac
     example because one rank skipped a collective the others wait for)."""
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
-    import torch._dynamo  # noqa: F401  DDP imports it lazily: once here, not in every forked process
+    method = start_method()
+    if method == "fork":
+        import torch._dynamo  # noqa: F401  DDP imports it lazily: once here, not in every forked process
 
-    ctx = mp.get_context("fork")
+        payload, fn_args = fn, args
+    else:
+        from ray import cloudpickle
+
+        payload, fn_args = cloudpickle.dumps((fn, args)), None
+    ctx = mp.get_context(method)
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(r, world_size, port, backend, fn, args, results, timeout_s),
+    procs = [ctx.Process(target=_child, args=(r, world_size, port, backend, payload, fn_args, results, timeout_s),
                          daemon=True) for r in range(world_size)]
     for p in procs:
         p.start()

@@ -108,9 +108,13 @@ def build_vit(num_classes: int = 10, depth: int | None = None, width: int | None
 
 @torch.no_grad()
 def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
-             batch_size: int = 512, device: str | torch.device = "cpu") -> float:
-    """Fraction of correct predictions; puts the model in eval mode."""
+             batch_size: int = 512, device: str | torch.device | None = None) -> float:
+    """Fraction of correct predictions; puts the model in eval mode.
+
+    The images go to ``device``, by default the device the model's parameters are on."""
     model.eval()
+    if device is None:
+        device = next(model.parameters()).device
     correct = 0
     for i in range(0, len(labels), batch_size):
         logits = model(images[i:i + batch_size].to(device))

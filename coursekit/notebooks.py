@@ -127,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=None, help="run only notebooks whose name contains this")
     p.add_argument("--platform", default=None,
                    help="COURSE_PLATFORM for the run: binder measures the notebooks as Binder runs them")
+    p.add_argument("--gpu", action="store_true",
+                   help="let the notebooks see this machine's GPUs (by default they run on the CPU)")
     args = p.parse_args(argv)
     rows = []
     for nb in find_notebooks(args.folder):
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"executing {nb} ...", flush=True)
         env = {"COURSE_SIZE": args.size, **({"COURSE_PLATFORM": args.platform} if args.platform else {})}
-        r = execute(nb, args.out / nb.name, env=env)
+        r = execute(nb, args.out / nb.name, env=env, cpu_only=not args.gpu)
         status = "ok" if r["returncode"] == 0 else f"FAILED (see {r['log']})"
         print(f"  {status}: {r['wall_s']} s, peak {r['peak_pss_mib']} MiB PSS, recorded {r['record']}", flush=True)
         print(f"  at the peak (MiB): {r['peak_by_process_mib']}", flush=True)

@@ -77,3 +77,32 @@ def _returns_tensors(rank, world_size):
 def test_tensors_come_back_after_the_processes_exit():
     out = run_distributed(_returns_tensors, 2)
     assert torch.equal(out[1]["w"], torch.ones(3))
+
+
+def test_start_method_is_fork_on_a_cpu_machine_and_can_be_forced(monkeypatch):
+    from coursekit.distributed import start_method
+
+    monkeypatch.delenv("COURSE_START_METHOD", raising=False)
+    assert start_method() == ("spawn" if torch.cuda.is_available() else "fork")
+    monkeypatch.setenv("COURSE_START_METHOD", "spawn")
+    assert start_method() == "spawn"
+    monkeypatch.setenv("COURSE_START_METHOD", "thread")
+    with pytest.raises(ValueError, match="fork, spawn"):
+        start_method()
+
+
+def test_spawned_ranks_run_a_function_defined_on_the_fly(monkeypatch):
+    """The GPU-machine path: spawned processes (no fork), the function sent by value, GPUs hidden."""
+    monkeypatch.setenv("COURSE_START_METHOD", "spawn")
+    offset = torch.tensor([10.0])   # a value the function closes over, as a notebook global would be
+
+    def closure(rank, world_size, scale):
+        import os
+
+        t = torch.tensor([float(rank + 1)]) * scale + offset
+        dist.all_reduce(t)
+        return rank, t.item(), os.environ["CUDA_VISIBLE_DEVICES"], torch.cuda.is_available()
+
+    assert run_distributed(closure, 2, 2.0, timeout_s=120) == [(0, 26.0, "", False), (1, 26.0, "", False)]
+    with pytest.raises(RuntimeError, match="rank 1 of 2 failed(.|\n)*student bug"):
+        run_distributed(_fails_on_rank_1, 2, timeout_s=60)

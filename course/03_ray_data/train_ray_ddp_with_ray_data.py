@@ -53,7 +53,7 @@ def train_func(config: dict) -> None:
 
     for epoch in range(config["epochs"]):
         model.train()
-        total = torch.zeros(2)
+        total = torch.zeros(2, device=ray.train.torch.get_device())  # NCCL reduces GPU tensors only
         ids = []
         start = time.perf_counter()
         for batch in shard.iter_torch_batches(batch_size=per_worker_batch):  # float32 images, int64 labels
@@ -61,7 +61,7 @@ def train_func(config: dict) -> None:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            total += torch.tensor([loss.item() * len(batch["label"]), len(batch["label"])])
+            total += torch.tensor([loss.item() * len(batch["label"]), len(batch["label"])], device=total.device)
             ids.append(batch["id"].cpu().numpy())
         seconds = time.perf_counter() - start
         ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--num-workers", type=int, default=rt.default_workers)
     p.add_argument("--epochs", "--num-epochs", type=int, default=None)
-    p.add_argument("--use-gpu", action="store_true", default=False)
+    p.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=rt.use_gpu,
+                   help="one GPU per worker (default: yes where this machine or cluster has GPUs)")
     p.add_argument("--data-size-gb", type=float, default=None,
                    help="size of the synthetic raw data set, streamed (default: 0.05 with --smoke-test, else 0.5)")
     p.add_argument("--cpus-per-worker", type=float, default=None,

@@ -99,13 +99,13 @@ def train_func(config: dict) -> None:
         if isinstance(loader.sampler, DistributedSampler):
             loader.sampler.set_epoch(epoch)
         model.train()
-        total = torch.zeros(2)
+        total = torch.zeros(2, device=ray.train.torch.get_device())  # NCCL reduces GPU tensors only
         for images, labels in loader:
             loss = criterion(model(images), labels)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            total += torch.tensor([loss.item() * len(labels), len(labels)])
+            total += torch.tensor([loss.item() * len(labels), len(labels)], device=total.device)
             first_step_at = first_step_at or time.time()
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(total)
@@ -156,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--name", default=None, help="run name under the storage path (rerun it to resume)")
     p.add_argument("--num-workers", type=int, default=rt.default_workers)
-    p.add_argument("--use-gpu", action="store_true", default=False)
+    p.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=rt.use_gpu,
+                   help="one GPU per worker (default: yes where this machine or cluster has GPUs)")
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--max-failures", type=int, default=2, help="worker failures this run survives")

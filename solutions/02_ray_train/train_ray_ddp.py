@@ -85,13 +85,13 @@ def train_func(config: dict) -> None:
         if isinstance(loader.sampler, DistributedSampler):
             loader.sampler.set_epoch(epoch)  # prepare_data_loader does not do this for you
         model.train()
-        total = torch.zeros(2)  # [sum of losses, number of examples] on this rank
+        total = torch.zeros(2, device=ray.train.torch.get_device())  # [loss sum, examples] on this rank; NCCL reduces GPU tensors only
         for images, labels in loader:
             loss = criterion(model(images), labels)
             optimizer.zero_grad()
             loss.backward()  # DDP averages the gradients across workers here
             optimizer.step()
-            total += torch.tensor([loss.item() * len(labels), len(labels)])
+            total += torch.tensor([loss.item() * len(labels), len(labels)], device=total.device)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(total)  # the epoch's loss over all workers, not just this one
         save_checkpoint_and_report(model, {"epoch": epoch, "loss": (total[0] / total[1]).item(),
@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--num-workers", type=int, default=rt.default_workers)
     p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--use-gpu", action="store_true", default=False)
+    p.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=rt.use_gpu,
+                   help="one GPU per worker (default: yes where this machine or cluster has GPUs)")
     p.add_argument("--global-batch-size", type=int, default=None)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--smoke-test", action="store_true", help="tiny data, 2 epochs")

@@ -48,7 +48,8 @@ def parse_args(argv=None) -> dict:
     p.add_argument("--smoke-test", action="store_true", help="the smallest sizes (CI)")
     p.add_argument("--metrics-out", default=None, help="write losses, accuracy, throughput and memory here")
     p.add_argument("--num-workers", type=int, default=rt.default_workers)
-    p.add_argument("--use-gpu", action="store_true", default=rt.use_gpu)
+    p.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=rt.use_gpu,
+                   help="one GPU per worker (default: yes where this machine or cluster has GPUs)")
     p.add_argument("--stage", type=int, default=2, choices=(0, 1, 2, 3), help="the ZeRO stage")
     p.add_argument("--bf16", action="store_true", help="bf16 model and gradients (GPUs that support it)")
     args = p.parse_args(argv)

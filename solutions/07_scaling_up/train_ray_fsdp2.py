@@ -46,7 +46,8 @@ def parse_args(argv=None) -> dict:
     p.add_argument("--smoke-test", action="store_true", help="the smallest sizes (CI)")
     p.add_argument("--metrics-out", default=None, help="write losses, accuracy, throughput and memory here")
     p.add_argument("--num-workers", type=int, default=rt.default_workers)
-    p.add_argument("--use-gpu", action="store_true", default=rt.use_gpu)
+    p.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=rt.use_gpu,
+                   help="one GPU per worker (default: yes where this machine or cluster has GPUs)")
     args = p.parse_args(argv)
     sizes = SIZES["smoke"] if args.smoke_test else rt.sizes
     return {"epochs": args.epochs or sizes["epochs"], "lr": args.lr,
