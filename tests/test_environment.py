@@ -1,5 +1,8 @@
 """The two install paths (pip via make, conda via environment.yml) agree, and the pins are the ones we test."""
 
+import subprocess
+import sys
+
 import yaml  # PyYAML comes with jupyter/ray
 
 from conftest import REPO, read_pins
@@ -50,3 +53,11 @@ def test_readme_starts_with_the_two_commands_and_ci_runs_the_test_command():
     head = readme[:1500]
     assert "make lab" in head and "make test" in head
     assert "make test" in (REPO / ".ci" / "run").read_text()
+
+
+def test_importing_ray_does_not_compile_jsonschemas_uri_grammar():
+    """make (and binder/postBuild) remove rfc3987-syntax: imported by jsonschema when present, it compiles a
+    grammar that costs every process importing Ray ~1.5 s here (Ray Train's workers, controller, helper actors)."""
+    code = "import sys, ray; print('rfc3987_syntax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False", "rfc3987-syntax is installed: `pip uninstall rfc3987-syntax` (see the Makefile)"
