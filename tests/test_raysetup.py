@@ -110,9 +110,30 @@ def test_lean_start_caps_the_store_starts_no_idle_workers_and_keeps_a_callers_sy
     assert raysetup.init_ray(binder, _system_config={"idle_worker_killing_time_threshold_ms": 600_000}) == "ctx"
     assert seen["include_dashboard"] is False and seen["object_store_memory"] == 256 * 2**20
     assert seen["_system_config"] == {"enable_worker_prestart": False, "prestart_worker_first_driver": False,
+                                      "worker_maximum_startup_concurrency": 8,
                                       "idle_worker_killing_time_threshold_ms": 600_000}
-    # a big local machine keeps Ray's defaults
+    # a big local machine keeps Ray's defaults, apart from starting a fit's processes together
     seen.clear()
     big = dataclasses.replace(detect({"COURSE_PLATFORM": "local"}), memory_gib=64.0)
     raysetup.init_ray(big)
-    assert "_system_config" not in seen and "object_store_memory" not in seen
+    assert seen["_system_config"] == {"worker_maximum_startup_concurrency": 8} and "object_store_memory" not in seen
+
+
+def test_a_fits_processes_start_together_and_a_caller_can_override_it(monkeypatch):
+    """Ray Train starts 6 processes per fit(); the raylet's default (num_cpus at once) queued the 2 workers
+    behind the helper actors. A caller's own value wins; joining a cluster sets no system config."""
+    import ray
+
+    import coursekit.raysetup as raysetup
+    from coursekit.runtime import detect
+
+    seen = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw) or "ctx")
+    monkeypatch.setattr(raysetup, "_install_log_filter", lambda: True)
+    local = dataclasses.replace(detect({"COURSE_PLATFORM": "local"}), memory_gib=64.0)
+    raysetup.init_ray(local, _system_config={"worker_maximum_startup_concurrency": 3})
+    assert seen["_system_config"] == {"worker_maximum_startup_concurrency": 3}
+    seen.clear()
+    raysetup.init_ray(dataclasses.replace(local, ray_address="ray://head:10001"))
+    assert "_system_config" not in seen and seen["address"] == "ray://head:10001"
