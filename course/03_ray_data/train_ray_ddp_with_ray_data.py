@@ -37,6 +37,7 @@ from coursekit.models import accuracy, build_model
 from coursekit.raydata import (ObjectStoreMonitor, configure_ray_data, local_ray_options, plan_resources,
                                preprocess_synthetic, synthetic_dataset, synthetic_rows)
 from coursekit.raysetup import init_ray, storage_path
+from coursekit.runtime import SIZES
 from coursekit.scaling import ScalingError, cluster_resources, make_scaling_config
 
 
@@ -109,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     size_gb = args.data_size_gb if args.data_size_gb is not None else (0.05 if args.smoke_test else 0.5)
     epochs = args.epochs or (1 if args.smoke_test else 2)
-    global_batch = args.global_batch_size or rt.sizes["global_batch_size"]
+    sizes = SIZES["smoke"] if args.smoke_test else rt.sizes  # --smoke-test: the small sizes on any machine
+    global_batch = args.global_batch_size or sizes["global_batch_size"]
     if size_gb <= 0:
         print(f"error: --data-size-gb must be positive (got {size_gb})", file=sys.stderr)
         return 2
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         seen = np.load(os.path.join(d, "rows_seen.npz"))
         ids_by_rank = [seen[k] for k in sorted(seen.files, key=lambda k: int(k.split("_")[1]))]
     counts = np.bincount(np.concatenate(ids_by_rank), minlength=num_rows)
-    test = load_digits(train=False, limit=rt.sizes["test_samples"], quiet=True)
+    test = load_digits(train=False, limit=sizes["test_samples"], quiet=True)
     acc = accuracy(model, test.tensors, test.labels)
     print(f"last epoch: {int((counts == 1).sum())} of {num_rows} rows seen exactly once, "
           f"{int((counts == 0).sum())} never, {int((counts > 1).sum())} more than once")
