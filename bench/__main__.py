@@ -151,14 +151,14 @@ def fit_cost(ctx: dict) -> dict:
            f"them (its import of Ray Train: {cell(r.get('fresh_process_import_train_controller_s'))} s alone, "
            "the placement group, the worker actors) is the other half. "
            + ("A runtime_env of their own (Ray Train's worker actors have one) did not stop the probe's actors "
-              "from taking prestarted processes, so that is not the cause. "
+              "from taking prestarted processes. "
               if r["own_runtime_env_actor_process_created_after_s"] < PRESTARTED_S else
-              "The probe's actors with a runtime_env of their own got new processes, as Ray Train's do. ")
-           + "Under the course's job runtime_env no actor of a fit reuses an idle prestarted process (each one "
-           "is a new process, also with prestarted workers and preloaded modules), so a fit cannot start on warm "
-           "processes in Ray 2.60. Done (issue 9): the install drops rfc3987-syntax, whose grammar cost every "
-           "process importing Ray 1.5 s (35 s -> 16 s per fit), and the raylet starts a fit's processes together "
-           "(worker_maximum_startup_concurrency 8, ~1 s). Tried, no gain: preloading ray.train.torch into 6 "
+              "The probe's actors with a runtime_env of their own got new processes, as Ray Train's do: under the "
+              "course's job runtime_env no actor of a fit reuses an idle prestarted process, so a fit cannot "
+              "start on warm processes in Ray 2.60. ")
+           + "Done (issue 9): the install drops rfc3987-syntax, whose grammar cost every process importing Ray "
+           "1.5 s, and the raylet starts a fit's processes together (worker_maximum_startup_concurrency 8). "
+           "Tried, no gain: preloading ray.train.torch into 6 "
            "warm workers (+3 GiB idle, none used), raylet worker niceness 0; "
            "the course's health-check interval is 0.5 s; the shutdown after "
            f"the report is only {best['report_to_fit_return_s']:.0f} s.")

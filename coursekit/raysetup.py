@@ -65,8 +65,8 @@ RAY_ENV = {
 LEAN_SYSTEM_CONFIG = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
 
 # Every Ray Train fit() starts 6 new Python processes (controller, placement-group cleaner, dataset
-# manager, synchronization actor, 2 workers; actors never reuse the idle prestarted ones when the job
-# has a runtime_env), and the raylet starts at most num_cpus (2 here) at once: the workers' processes
+# manager, synchronization actor, 2 workers; the first fit of a session a 7th, the autoscaling coordinator;
+# actors never reuse the idle prestarted ones when the job has a runtime_env), and the raylet starts at most num_cpus (2 here) at once: the workers' processes
 # waited ~6 s behind the helpers'. Letting them start together costs no idle memory.
 START_SYSTEM_CONFIG = {"worker_maximum_startup_concurrency": 8}
 
@@ -156,9 +156,9 @@ def init_ray(runtime: Runtime | None = None, quiet: bool | None = None, dashboar
         kwargs.update(address=rt.ray_address)
     else:
         kwargs.update(num_cpus=rt.num_cpus, num_gpus=rt.num_gpus, include_dashboard=dashboard,
-                      _system_config=dict(START_SYSTEM_CONFIG))
+                      _system_config={**START_SYSTEM_CONFIG, **(LEAN_SYSTEM_CONFIG if rt.lean else {})})
         if rt.lean:
-            kwargs.update(object_store_memory=256 * 2**20, _system_config={**START_SYSTEM_CONFIG, **LEAN_SYSTEM_CONFIG})
+            kwargs.update(object_store_memory=256 * 2**20)
     kwargs["runtime_env"] = runtime_env
     system_config = {**kwargs.get("_system_config", {}), **overrides.pop("_system_config", {})}
     kwargs.update(overrides)
