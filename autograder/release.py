@@ -6,7 +6,10 @@
 
 nbgrader replaces everything between ``### BEGIN SOLUTION`` and ``### END SOLUTION``
 with a stub, removes hidden tests, clears outputs and records checksums of the
-read-only cells. The module's scripts are copied as they are.
+read-only cells. The module's scripts are copied with the same treatment for their
+solution regions (``### BEGIN SOLUTION`` / ``### END SOLUTION`` lines in a ``.py`` file):
+each becomes a stub that raises ``NotImplementedError``, so a script never hands out
+an exercise's answer.
 """
 from __future__ import annotations
 
@@ -44,6 +47,38 @@ def nbgrader(*args: str, cwd: Path, root: Path, extra: tuple[str, ...] = ()) -> 
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}")
 
 
+SCRIPT_STUB = "# YOUR CODE HERE (the notebook's exercise: finish it there, then copy it here)"
+
+
+def strip_script(text: str) -> str:
+    """A script's text with each solution region replaced by a stub at the region's indentation."""
+    out, inside = [], False
+    for line in text.splitlines(keepends=True):
+        mark = line.strip()
+        if mark == "### BEGIN SOLUTION":
+            if inside:
+                raise ValueError("nested ### BEGIN SOLUTION")
+            inside, indent = True, line[: len(line) - len(line.lstrip())]
+            out += [f"{indent}{SCRIPT_STUB}\n", f"{indent}raise NotImplementedError()\n"]
+        elif mark == "### END SOLUTION":
+            if not inside:
+                raise ValueError("### END SOLUTION without a BEGIN")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise ValueError("### BEGIN SOLUTION without an END")
+    return "".join(out)
+
+
+def strip_scripts(folder: Path) -> None:
+    """Apply :func:`strip_script` to every Python script under ``folder`` (in place)."""
+    for path in sorted(Path(folder).rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if "### BEGIN SOLUTION" in text:
+            path.write_text(strip_script(text), encoding="utf-8")
+
+
 def generate(into: Path, only: list[str] | None = None) -> None:
     """Write the release of every module into ``into`` (which is replaced).
 
@@ -60,6 +95,7 @@ def generate(into: Path, only: list[str] | None = None) -> None:
         for m in only or modules():
             nbgrader("generate_assignment", m, "--force", cwd=root, root=root,
                      extra=(f"--CourseDirectory.db_url=sqlite:///{root / 'gradebook.db'}",))
+            strip_scripts(root / "course" / m)
         if only:
             for m in only:
                 shutil.rmtree(into / m, ignore_errors=True)

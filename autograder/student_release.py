@@ -46,15 +46,91 @@ def secret_lines(module: str) -> set[str]:
     return secret - visible
 
 
+# Plain PyTorch lines that every training loop in the course shows (prerequisites, not any
+# exercise's idea): they may appear in scripts although an answer contains them too.
+GENERIC = {
+    "optimizer.zero_grad()", "loss.backward()", "optimizer.step()", "model.train()", "model.eval()",
+    "loss = criterion(model(images), labels)", "criterion = torch.nn.CrossEntropyLoss()",
+    "for images, labels in loader:", "with torch.no_grad():", "for epoch in range(config[\"epochs\"]):",
+    "with tempfile.TemporaryDirectory() as tmp:", "model.load_state_dict(state)",
+}
+ANSWER_MIN = 20   # answer lines longer than this many characters count
+
+
+def _strip_regions(text: str) -> str:
+    for begin, end in (("### BEGIN SOLUTION", "### END SOLUTION"),
+                       ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")):
+        while begin in text:
+            chunk = text.split(begin, 1)[1].split(end, 1)[0]
+            text = text.replace(begin + chunk + end, "")
+    return text
+
+
+def _lines(text: str) -> set[str]:
+    return {ln.strip() for ln in text.splitlines() if len(ln.strip()) > ANSWER_MIN} - GENERIC
+
+
+def answers(module: str) -> list[tuple[int, str, set[str]]]:
+    """(cell index, grade_id, answer lines) of each solution cell of ``module``'s instructor notebook,
+    and of each solution region of its scripts (index -1: they come before every cell)."""
+    nb = nbformat.read(SOLUTIONS / module / f"{module}.ipynb", as_version=4)
+    out = []
+    for i, cell in enumerate(nb.cells):
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution") and "### BEGIN SOLUTION" in cell.source:
+            chunk = cell.source.split("### BEGIN SOLUTION", 1)[1].split("### END SOLUTION", 1)[0]
+            out.append((i, meta["grade_id"], _lines(chunk)))
+    for script in sorted((SOLUTIONS / module).rglob("*.py")):
+        text = script.read_text(encoding="utf-8")
+        chunks = [c.split("### END SOLUTION", 1)[0] for c in text.split("### BEGIN SOLUTION")[1:]]
+        if chunks:
+            out.append((-1, script.name, _lines("\n".join(chunks))))
+    return out
+
+
+def answer_leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
+    """Lines of any module's answers (solution cells and script solution regions) found in a released
+    file that is not a notebook (scripts, coursekit, READMEs), or in a visible cell of the module's
+    own notebook above the exercise (an answer printed before the question)."""
+    folder = Path(folder)
+    course = folder / "course" if (folder / "course").is_dir() else folder
+    every = {m: answers(m) for m in mods or modules()}
+    found = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix != ".ipynb"):
+        try:
+            text = _lines(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, OSError):
+            continue
+        for m, items in every.items():
+            for _, gid, lines in items:
+                hit = sorted(text & lines)
+                if hit:
+                    found.append(f"{path.relative_to(folder)}: {len(hit)} line(s) of {m}'s answer "
+                                 f"{gid}, e.g. {hit[0]!r}")
+    for m, items in every.items():
+        nb_path = course / m / f"{m}.ipynb"
+        if not nb_path.exists():
+            continue
+        cells = nbformat.read(nb_path, as_version=4).cells
+        for index, gid, lines in items:
+            above = set()
+            for cell in cells[:max(index, 0)]:
+                above |= _lines(_strip_regions(cell.source))
+            hit = sorted(above & lines)
+            if hit:
+                found.append(f"{nb_path.relative_to(folder)}: the answer of {gid} is shown above its cell, "
+                             f"e.g. {hit[0]!r}")
+    return found
+
+
 def leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
     """What in ``folder`` must not reach students: ["path: what", ...] (empty when clean).
 
     ``folder`` holds ``course/<module>/<module>.ipynb`` (a release) or is a release root itself.
     Every text file is searched for nbgrader's solution/hidden-test markers; each module's
     released notebook for lines of its own solution code and hidden tests (the same rule as
-    tests/test_release.py). The modules' scripts are released as they are, by design: they
-    are the complete teaching scripts, so lines they share with a notebook's solution are
-    not a leak.
+    tests/test_release.py); and :func:`answer_leaks`: no answer line in any other released file
+    or above its exercise.
     """
     folder = Path(folder)
     course = folder / "course" if (folder / "course").is_dir() else folder
@@ -78,6 +154,7 @@ def leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
         if hit:
             found.append(f"{nb_path.relative_to(folder)}: {len(hit)} line(s) of its solutions/hidden "
                          f"tests, e.g. {hit[0]!r}")
+    found += answer_leaks(folder, mods)
     for p in folder.rglob("*"):
         if p.name in ("solutions", "autograder", "tests", ".git", "build"):
             found.append(f"{p.relative_to(folder)}: instructor-only folder")

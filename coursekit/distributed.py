@@ -34,7 +34,7 @@ def free_port() -> int:
 
 
 def _child(rank: int, world_size: int, port: int, backend: str, fn: Callable | bytes, args: tuple | None,
-           results: "mp.Queue", timeout_s: float) -> None:
+           results: "mp.Queue", timeout_s: float, local_world_size: int) -> None:
     code, stage = 0, "setup"
     try:
         if isinstance(fn, bytes):  # spawned: the function and its arguments come cloudpickled
@@ -46,8 +46,10 @@ def _child(rank: int, world_size: int, port: int, backend: str, fn: Callable | b
         import torch
         import torch.distributed as dist
 
+        # what torchrun sets, for `world_size // local_world_size` simulated nodes
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                          LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
+                          LOCAL_RANK=str(rank % local_world_size), WORLD_SIZE=str(world_size),
+                          LOCAL_WORLD_SIZE=str(local_world_size), GROUP_RANK=str(rank // local_world_size))
         torch.set_num_threads(1)  # N processes share this machine's cores
         dist.init_process_group(backend, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
@@ -84,14 +86,21 @@ def start_method() -> str:
 
 
 def run_distributed(fn: Callable[..., Any], world_size: int = 2, *args: Any, backend: str = "gloo",
-                    timeout_s: float = 120.0) -> list[Any]:
+                    timeout_s: float = 120.0, local_world_size: int | None = None) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; return the results by rank.
+
+    ``local_world_size`` processes count as one node (default: all of them): the environment
+    gives each its ``LOCAL_RANK`` (``rank % local_world_size``), ``LOCAL_WORLD_SIZE`` and
+    ``GROUP_RANK`` (the node) as torchrun does on several nodes.
 
     Raises ``RuntimeError`` with the failing rank's traceback if any rank fails,
     and ``TimeoutError`` if the group does not finish in ``timeout_s`` (for
     example because one rank skipped a collective the others wait for)."""
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
+    local_world_size = local_world_size or world_size
+    if world_size % local_world_size:
+        raise ValueError(f"{world_size} processes do not fill nodes of {local_world_size}")
     method = start_method()
     if method == "fork":
         import torch._dynamo  # noqa: F401  DDP imports it lazily: once here, not in every forked process
@@ -104,7 +113,8 @@ def run_distributed(fn: Callable[..., Any], world_size: int = 2, *args: Any, bac
     ctx = mp.get_context(method)
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(r, world_size, port, backend, payload, fn_args, results, timeout_s),
+    procs = [ctx.Process(target=_child, args=(r, world_size, port, backend, payload, fn_args, results, timeout_s,
+                                                     local_world_size),
                          daemon=True) for r in range(world_size)]
     for p in procs:
         p.start()

@@ -39,19 +39,26 @@ class SimulatedReport:
 
 
 @contextmanager
-def simulated_worker(rank: int = 0, world_size: int = 1):
+def simulated_worker(rank: int = 0, world_size: int = 1, local_world_size: int | None = None):
     """Within this block, ray.train behaves as seen from worker ``rank`` of ``world_size``.
 
+    ``local_world_size`` workers share a node (default: all of them, one node). With
+    ``simulated_worker(3, 4, local_world_size=2)`` the worker is local rank 1 on node 1 of
+    2 nodes x 2 workers, so code that confuses local and global ranks gives itself away.
     Yields the list of :class:`SimulatedReport` that ``ray.train.report`` receives."""
     import ray.train
 
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a world of {world_size}")
+    local = world_size if local_world_size is None else local_world_size
+    if local < 1 or world_size % local:
+        raise ValueError(f"{world_size} workers do not fill nodes of {local}")
     reports: list[SimulatedReport] = []
     ctx = SimpleNamespace(
         get_world_rank=lambda: rank, get_world_size=lambda: world_size,
-        get_local_rank=lambda: rank, get_local_world_size=lambda: world_size,
-        get_node_rank=lambda: 0, get_experiment_name=lambda: "simulated",
+        get_local_rank=lambda: rank % local, get_local_world_size=lambda: local,
+        get_node_rank=lambda: rank // local, get_experiment_name=lambda: "simulated",
+        get_trial_name=lambda: "simulated", get_storage=lambda: None,
     )
 
     def report(metrics, checkpoint=None, **_):
@@ -72,3 +79,20 @@ def simulated_worker(rank: int = 0, world_size: int = 1):
             mock.patch.object(loop_utils, "record_extra_usage_tag", lambda *a, **k: None), \
             mock.patch.object(ray.train.torch, "get_device", lambda: torch.device("cpu")):
         yield reports
+
+
+def check_concept(answer, expected, why: str) -> None:
+    """Grade a concept question: ``answer`` (a letter, or a set/list of letters) against ``expected``.
+
+    A wrong answer fails with the expected answer's explanation; a right one prints it (stdout
+    only: nbgrader scores a test cell that writes to stderr as failed)."""
+    def norm(a):
+        if isinstance(a, str):
+            return frozenset(x for x in a.replace(",", " ").lower().split())
+        if isinstance(a, (set, frozenset, list, tuple)):
+            return frozenset(str(x).strip().lower() for x in a)
+        return frozenset({str(a).strip().lower()})
+
+    if norm(answer) != norm(expected):
+        raise AssertionError(f"not quite ({answer!r}). Why: {why}")
+    print(f"Right. {why}")

@@ -2,8 +2,11 @@
 
 One class is graded in one run (as an instructor would): per module, a student
 who submitted the reference solution (full marks), one who submitted the
-untouched notebook (zero, and grading completes), and one with realistic
-mistakes from tests/mistakes/<module>.py (partial credit). A fourth student submitted only the first module.
+untouched notebook (zero, and grading completes), students with realistic
+mistakes from tests/mistakes/<module>.py (``WRONG``: a mistake in every exercise, partial
+credit; ``MORE_WRONG``: one student per dict), each of whose wrong exercises must lose the
+points of its test cells, and one whose answers are right but written differently from the
+reference (``RIGHT``: full marks). A last student submitted only the first module.
 Each submission is graded in its own process (autograder/contain.py); the bad-submission corpus,
 reruns and input layouts are in test_grading_corpus.py.
 """
@@ -27,14 +30,32 @@ def graded_modules() -> list[str]:
     return ONLY or modules()
 
 
-def wrong_answers(module: str) -> dict[str, str]:
-    """The realistic mistakes for a module, from tests/mistakes/<module>.py (grade_id -> code)."""
+def answers_file(module: str):
+    """tests/mistakes/<module>.py: WRONG, MORE_WRONG and RIGHT (grade_id -> code)."""
     path = MISTAKES / f"{module}.py"
     assert path.exists(), f"{module}: add realistic mistakes in {path.relative_to(MISTAKES.parent.parent)}"
     spec = importlib.util.spec_from_file_location(f"mistakes_{module}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.WRONG
+    return mod
+
+
+def wrong_students(module: str) -> dict[str, dict[str, str]]:
+    """student name -> that student's wrong answers (grade_id -> code)."""
+    mod = answers_file(module)
+    students = {"partial": mod.WRONG}
+    for i, wrong in enumerate(getattr(mod, "MORE_WRONG", [])):
+        students[f"wrong{i + 1}"] = wrong
+    return students
+
+
+def cell_scores(out: Path, student: str, module: str) -> dict[str, tuple[float, float]]:
+    """grade cell name -> (score, max_score) of one graded submission, from the main gradebook."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{out / 'nbgrader' / 'gradebook.db'}") as gb:
+        nb = gb.find_submission_notebook(module, module, student)
+        return {g.name: (g.score, g.max_score) for g in nb.grades}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +66,11 @@ def graded(tmp_path_factory):
         reference = solution_answers(module)
         write_submission(subs, "ada", module, reference)                     # the reference solution
         write_submission(subs, "blank", module, {})                          # untouched notebook
-        write_submission(subs, "partial", module, {**reference, **wrong_answers(module)})
+        for student, wrong in wrong_students(module).items():
+            write_submission(subs, student, module, {**reference, **wrong})
+        right = getattr(answers_file(module), "RIGHT", None)
+        if right:
+            write_submission(subs, "right", module, {**reference, **right})
     write_submission(subs, "late", ms[0], solution_answers(ms[0]))          # only the first module
     out = tmp_path_factory.mktemp("grading")
     # two submissions at a time (this machine has 2 cores); a generous limit: the machine is shared
@@ -79,11 +104,39 @@ def test_realistic_mistakes_get_partial_credit(graded):
 
 
 @pytest.mark.slow
+def test_each_realistic_mistake_loses_the_points_of_its_exercise(graded):
+    out, rows = graded
+    for m in graded_modules():
+        for student, wrong in wrong_students(m).items():
+            assert rows[(student, m)]["status"] == "graded", rows[(student, m)]
+            cells = cell_scores(out, student, m)
+            for gid in wrong:
+                tests = {name: sc for name, sc in cells.items() if name.startswith(f"test_{gid}")}
+                assert tests, f"{m}: no test cell for {gid}"
+                kept = {name: sc for name, sc in tests.items() if sc[0] > 0}
+                assert not kept, (f"{m}/{student}: the mistake in {gid} kept points in {kept} "
+                                  f"(tests/mistakes/{m}.py)")
+
+
+@pytest.mark.slow
+def test_right_answers_written_differently_get_full_marks(graded):
+    out, rows = graded
+    for m in graded_modules():
+        if not getattr(answers_file(m), "RIGHT", None):
+            continue
+        r = rows[("right", m)]
+        lost = {n: sc for n, sc in cell_scores(out, "right", m).items() if sc[0] < sc[1]}
+        assert r["score"] == r["max_score"], f"{m}: a correct answer written differently lost {lost}"
+
+
+@pytest.mark.slow
 def test_csv_and_feedback_cover_every_student_and_module(graded):
     out, rows = graded
     with open(out / "grades.csv") as f:
         table = list(csv.DictReader(f))
-    students = {"ada", "blank", "partial", "late"}
+    students = {"ada", "blank", "late"} | {s for m in graded_modules() for s in wrong_students(m)}
+    if any(getattr(answers_file(m), "RIGHT", None) for m in graded_modules()):
+        students.add("right")
     assert {(r["student"], r["module"]) for r in table} == {(s, m) for s in students for m in graded_modules()}
     assert all(rows[("late", m)]["status"] == "missing" for m in graded_modules()[1:])
     assert rows[("late", graded_modules()[0])]["status"] == "graded"
