@@ -106,3 +106,41 @@ def test_spawned_ranks_run_a_function_defined_on_the_fly(monkeypatch):
     assert run_distributed(closure, 2, 2.0, timeout_s=120) == [(0, 26.0, "", False), (1, 26.0, "", False)]
     with pytest.raises(RuntimeError, match="rank 1 of 2 failed(.|\n)*student bug"):
         run_distributed(_fails_on_rank_1, 2, timeout_s=60)
+
+
+def _where(rank, world_size):
+    import os
+
+    return int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ["GROUP_RANK"])
+
+
+def test_run_distributed_simulates_two_nodes_of_two():
+    assert run_distributed(_where, 4, local_world_size=2) == [(0, 2, 0), (1, 2, 0), (0, 2, 1), (1, 2, 1)]
+    with pytest.raises(ValueError, match="do not fill nodes"):
+        run_distributed(_where, 3, local_world_size=2)
+
+
+def test_simulated_worker_on_two_nodes_tells_local_from_global_rank():
+    import ray.train
+
+    with simulated_worker(3, 4, local_world_size=2):
+        ctx = ray.train.get_context()
+        assert (ctx.get_world_rank(), ctx.get_local_rank(), ctx.get_node_rank()) == (3, 1, 1)
+        assert (ctx.get_world_size(), ctx.get_local_world_size()) == (4, 2)
+    with simulated_worker(1, 2):   # default: one node
+        assert ray.train.get_context().get_local_rank() == 1
+    with pytest.raises(ValueError):
+        with simulated_worker(0, 4, local_world_size=3):
+            pass
+
+
+def test_check_concept_explains_right_and_wrong_answers(capsys):
+    from coursekit.testing import check_concept
+
+    check_concept(" B ", "b", "because")
+    check_concept(["c", "a"], "a, c", "several letters, any order")
+    assert "Right. because" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="Why: because"):
+        check_concept("a", "b", "because")
+    with pytest.raises(AssertionError):
+        check_concept("a", "a c", "all of them")

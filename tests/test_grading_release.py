@@ -1,12 +1,14 @@
 """`make release` (the student-only copy) and nbgrader's formgrader on a grading course root."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from autograder.grade import prepare
@@ -70,3 +72,35 @@ def test_formgrader_serves_the_grading_course(formgrader):
     status, body = formgrader("/formgrader/api/assignments")
     assert status == 200
     assert modules()[0] in {a["name"] for a in json.loads(body)}
+
+
+def test_scripts_are_released_with_their_solution_regions_stubbed():
+    from autograder.release import strip_script
+
+    text = ("def f(x):\n    '''doc'''\n    ### BEGIN SOLUTION\n    return x + 1\n    ### END SOLUTION\n\n"
+            "print(f(1))\n")
+    out = strip_script(text)
+    assert "return x + 1" not in out and "SOLUTION" not in out
+    assert "    raise NotImplementedError()\n" in out and out.endswith("print(f(1))\n")
+    with pytest.raises(ValueError):
+        strip_script("### BEGIN SOLUTION\nx = 1\n")
+
+
+def test_answer_lines_in_a_released_script_or_above_the_exercise_are_leaks(tmp_path):
+    from autograder.release import REPO, modules
+    from autograder.student_release import answer_leaks, answers
+
+    module = modules()[1]
+    index, gid, lines = next(a for a in answers(module) if a[0] >= 0 and a[2])
+    release = tmp_path / "course"
+    shutil.copytree(REPO / "course" / module, release / module)
+    before = answer_leaks(release, [module])
+    assert not any("extra.py" in p or "shown above" in p for p in before)
+    line = sorted(lines)[0]
+    (release / module / "extra.py").write_text(f"x = 1\n{line}\n")
+    assert any("extra.py" in p and gid in p for p in answer_leaks(release, [module]))
+    (release / module / "extra.py").unlink()
+    nb = nbformat.read(release / module / f"{module}.ipynb", as_version=4)
+    nb.cells[0].source += f"\n\n    {line}\n"
+    nbformat.write(nb, release / module / f"{module}.ipynb")
+    assert any("shown above" in p and gid in p for p in answer_leaks(release, [module]))
