@@ -33,7 +33,8 @@ $(STAMP): requirements.txt pyproject.toml
 	@# actor, every kernel). Nothing in the course validates URIs; without it jsonschema skips that format.
 	$(PY) -m pip uninstall --quiet --yes rfc3987-syntax
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
-	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "Python (Ray Train course)"
+	@# the course kernel and the settings of nbgrader's Validate button
+	$(PY) -m coursekit.jupyter_setup --sys-prefix
 	@touch $(STAMP)
 
 lab: $(STAMP)

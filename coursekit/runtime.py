@@ -125,7 +125,9 @@ def detect(env: dict | None = None) -> Runtime:
     """Describe the machine we run on. Pure apart from reading hardware counters."""
     env = dict(os.environ if env is None else env)
     platform = _detect_platform(env)
-    grading = _truthy(env.get("COURSE_GRADING"))
+    # nbgrader sets NBGRADER_EXECUTION for the kernels it runs: "autograde" when grading, "validate"
+    # for the Validate button; both run the exercise checks without the demo training runs
+    grading = _truthy(env.get("COURSE_GRADING")) or env.get("NBGRADER_EXECUTION") in {"autograde", "validate"}
     num_cpus = psutil.cpu_count(logical=True) or 1
     try:  # respect CPU affinity / container limits where the OS tells us
         num_cpus = len(os.sched_getaffinity(0))
