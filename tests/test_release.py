@@ -76,3 +76,22 @@ def test_each_module_has_graded_exercises_with_hidden_tests():
         assert len(ids) == len(set(ids)), f"{module}: grade ids must be unique"
         params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
         assert len(params) == 1, f"{module}: exactly one papermill parameters cell"
+
+
+def _points(cells):
+    return sum(c.metadata["nbgrader"]["points"] for c in cells)
+
+
+def test_points_go_mostly_to_code_and_each_module_asks_concept_questions():
+    """3-5 concept questions per module, each checked by a hidden check_concept with its explanation;
+    more points for the code the student writes than for the questions."""
+    for module in modules():
+        nb = nbformat.read(REPO / "solutions" / module / f"{module}.ipynb", as_version=4)
+        tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+        concept = [c for c in tests if "concept" in c.metadata["nbgrader"]["grade_id"]]
+        code = [c for c in tests if c not in concept]
+        assert 3 <= len(concept) <= 5, f"{module}: {len(concept)} concept questions"
+        for c in concept:
+            hidden = c.source.split("### BEGIN HIDDEN TESTS", 1)[-1]
+            assert "check_concept(" in hidden, f"{module}/{c.metadata['nbgrader']['grade_id']}: hidden check_concept"
+        assert _points(code) > _points(concept), f"{module}: {_points(code)} code vs {_points(concept)} concept points"

@@ -27,6 +27,10 @@ def test_sizes_follow_the_platform():
     assert detect({}).size == "cpu"              # a laptop without GPUs
     assert detect({"CI": "1"}).size == "smoke"
     assert detect({"COURSE_GRADING": "1"}).size == "smoke" and detect({"COURSE_GRADING": "1"}).grading
+    # nbgrader's Validate button and autograde tell the kernel through NBGRADER_EXECUTION
+    for execution in ("validate", "autograde"):
+        assert detect({"NBGRADER_EXECUTION": execution}).grading
+    assert not detect({"NBGRADER_EXECUTION": ""}).grading
     assert detect({"COURSE_SIZE": "gpu"}).sizes["train_samples"] == 60000
     with pytest.raises(ValueError, match="COURSE_SIZE"):
         detect({"COURSE_SIZE": "huge"})
