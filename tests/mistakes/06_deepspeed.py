@@ -1,29 +1,37 @@
-"""Realistic mistakes in module 06 (grade_id -> what a student might write)."""
+"""Realistic mistakes in module 06 (grade_id -> what a student might write).
+
+WRONG is one student with a mistake in every code exercise (partial credit: the concept questions and nothing
+else); each MORE_WRONG dict is one more student; RIGHT answers every exercise correctly but differently from the
+reference (full marks). Note: DeepSpeed 0.19 supports `loss.backward()` on a loss computed from `engine(x)` (it
+hooks the engine's output and scales by the accumulation steps), so that is not a mistake here; computing the
+forward pass with `engine.module` is (ZeRO-3 trains differently).
+"""
 WRONG = {
-    # partitions the gradients already in stage 1 (stage 1 partitions only the optimizer state)
-    "zero_bytes_per_rank": (
-        "def zero_bytes_per_rank(num_params, world_size, stage):\n"
-        "    if stage not in (0, 1, 2, 3):\n"
-        "        raise ValueError(stage)\n"
-        "    return {'params': 2 * num_params / (world_size if stage >= 3 else 1),\n"
-        "            'grads': 2 * num_params / (world_size if stage >= 1 else 1),\n"
-        "            'optimizer': 12 * num_params / (world_size if stage >= 1 else 1)}\n"),
-    # micro batch vs global batch: treats the global batch as the per-worker micro batch
-    "make_ds_config": (
-        "def make_ds_config(stage, world_size, global_batch_size, micro_batch_size, lr,\n"
-        "                   offload_optimizer=False, offload_param=False, bf16=False):\n"
+    # the DDP habit: one worker's batch is the global batch / world size, so no accumulation (micro 12, not 6)
+    "build_engine": (
+        "def build_engine(model, world_size, global_batch_size, micro_batch_size, lr, stage,\n"
+        "                 offload_optimizer=False, bf16=False):\n"
         "    zero = {'stage': stage}\n"
         "    if offload_optimizer:\n"
         "        zero['offload_optimizer'] = {'device': 'cpu'}\n"
-        "    if offload_param:\n"
-        "        zero['offload_param'] = {'device': 'cpu'}\n"
-        "    return {'train_batch_size': micro_batch_size * world_size,\n"
-        "            'train_micro_batch_size_per_gpu': micro_batch_size,\n"
-        "            'gradient_accumulation_steps': global_batch_size // micro_batch_size,\n"
-        "            'optimizer': {'type': 'AdamW', 'params': {'lr': lr, 'torch_adam': True}},\n"
-        "            'zero_optimization': zero, 'zero_force_ds_cpu_optimizer': False,\n"
-        "            'bf16': {'enabled': bf16}, 'steps_per_print': 10**9}\n"),
-    # the DDP habit: only rank 0 saves (a collective in DeepSpeed) and reports a checkpoint
+        "    config = {'train_batch_size': global_batch_size,\n"
+        "              'train_micro_batch_size_per_gpu': global_batch_size // world_size,\n"
+        "              'optimizer': {'type': 'AdamW', 'params': {'lr': lr, 'torch_adam': True}},\n"
+        "              'zero_optimization': zero, 'zero_force_ds_cpu_optimizer': False,\n"
+        "              'bf16': {'enabled': bf16}, 'steps_per_print': 10**9}\n"
+        "    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)\n"
+        "    return engine\n"),
+    # divides the loss by the accumulation steps itself: engine.backward does it already (gradients halved)
+    "train_micro_batches": (
+        "def train_micro_batches(engine, batches):\n"
+        "    losses = []\n"
+        "    for images, labels in batches:\n"
+        "        loss = F.cross_entropy(engine(images), labels) / engine.gradient_accumulation_steps()\n"
+        "        engine.backward(loss)\n"
+        "        engine.step()\n"
+        "        losses.append(loss.item())\n"
+        "    return sum(losses) / len(losses)\n"),
+    # the DDP habit: only rank 0 saves (a collective in DeepSpeed: the others never join) and reports a checkpoint
     "save_and_report": (
         "def save_and_report(engine, metrics, directory):\n"
         "    if ray.train.get_context().get_world_rank() == 0:\n"
@@ -31,4 +39,231 @@ WRONG = {
         "        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(directory))\n"
         "    else:\n"
         "        ray.train.report(metrics, checkpoint=None)\n"),
+    # continues at the saved epoch (trains it twice)
+    "restore_checkpoint": (
+        "def restore_checkpoint(engine, checkpoint):\n"
+        "    with checkpoint.as_directory() as directory:\n"
+        "        _, client_state = engine.load_checkpoint(directory)\n"
+        "    return client_state['epoch']\n"),
+}
+
+_CONFIG_HEAD = (
+    "def build_engine(model, world_size, global_batch_size, micro_batch_size, lr, stage,\n"
+    "                 offload_optimizer=False, bf16=False):\n")
+
+MORE_WRONG = [
+    {
+        # the config block is built but never used: the stage and offload go into a copy, the engine runs stage 0
+        "build_engine": _CONFIG_HEAD + (
+            "    ds_config = {'train_batch_size': global_batch_size, 'train_micro_batch_size_per_gpu': micro_batch_size,\n"
+            "                 'gradient_accumulation_steps': global_batch_size // (micro_batch_size * world_size),\n"
+            "                 'optimizer': {'type': 'AdamW', 'params': {'lr': lr, 'torch_adam': True}},\n"
+            "                 'zero_optimization': {'stage': 0}, 'zero_force_ds_cpu_optimizer': False,\n"
+            "                 'bf16': {'enabled': bf16}, 'steps_per_print': 10**9}\n"
+            "    zero = dict(ds_config['zero_optimization'])\n"
+            "    zero['stage'] = stage\n"
+            "    if offload_optimizer:\n"
+            "        zero['offload_optimizer'] = {'device': 'cpu'}\n"
+            "    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)\n"
+            "    return engine\n"),
+        # the optimizer stepped by hand, outside the engine (every micro-batch, and past ZeRO's bookkeeping)
+        "train_micro_batches": (
+            "def train_micro_batches(engine, batches):\n"
+            "    losses = []\n"
+            "    for images, labels in batches:\n"
+            "        loss = F.cross_entropy(engine(images), labels)\n"
+            "        engine.backward(loss)\n"
+            "        engine.optimizer.step()\n"
+            "        engine.optimizer.zero_grad()\n"
+            "        losses.append(loss.item())\n"
+            "    return sum(losses) / len(losses)\n"),
+        # node-local habit: the first worker of each node saves and reports (ranks 0 and 2 of 2 nodes x 2)
+        "save_and_report": (
+            "def save_and_report(engine, metrics, directory):\n"
+            "    if ray.train.get_context().get_local_rank() == 0:\n"
+            "        engine.save_checkpoint(directory, tag=TAG, client_state={'epoch': metrics['epoch']})\n"
+            "        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(directory))\n"
+            "    else:\n"
+            "        ray.train.report(metrics)\n"),
+        # restores the weights only: Adam's moments start from zero again
+        "restore_checkpoint": (
+            "def restore_checkpoint(engine, checkpoint):\n"
+            "    with checkpoint.as_directory() as directory:\n"
+            "        _, client_state = engine.load_checkpoint(directory, load_module_only=True)\n"
+            "    return client_state['epoch'] + 1\n"),
+    },
+    {
+        # accumulation ignored: the accumulation steps computed without the world size (DeepSpeed refuses 24 != 6 x 4 x 2)
+        "build_engine": _CONFIG_HEAD + (
+            "    zero = {'stage': stage}\n"
+            "    if offload_optimizer:\n"
+            "        zero['offload_optimizer'] = {'device': 'cpu'}\n"
+            "    config = {'train_batch_size': global_batch_size, 'train_micro_batch_size_per_gpu': micro_batch_size,\n"
+            "              'gradient_accumulation_steps': global_batch_size // micro_batch_size,\n"
+            "              'optimizer': {'type': 'AdamW', 'params': {'lr': lr, 'torch_adam': True}},\n"
+            "              'zero_optimization': zero, 'zero_force_ds_cpu_optimizer': False,\n"
+            "              'bf16': {'enabled': bf16}, 'steps_per_print': 10**9}\n"
+            "    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)\n"
+            "    return engine\n"),
+        # steps the engine only at the end of each accumulation window (the engine then never sees the window end)
+        "train_micro_batches": (
+            "def train_micro_batches(engine, batches):\n"
+            "    losses = []\n"
+            "    for i, (images, labels) in enumerate(batches):\n"
+            "        loss = F.cross_entropy(engine(images), labels)\n"
+            "        engine.backward(loss)\n"
+            "        if (i + 1) % engine.gradient_accumulation_steps() == 0:\n"
+            "            engine.step()\n"
+            "        losses.append(loss.item())\n"
+            "    return sum(losses) / len(losses)\n"),
+        # every rank saves, but only rank 0 reports a checkpoint: ranks 1-3's partitions never reach storage
+        "save_and_report": (
+            "def save_and_report(engine, metrics, directory):\n"
+            "    engine.save_checkpoint(directory, tag=TAG, client_state={'epoch': metrics['epoch']})\n"
+            "    if ray.train.get_context().get_world_rank() == 0:\n"
+            "        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(directory))\n"
+            "    else:\n"
+            "        ray.train.report(metrics)\n"),
+        # only rank 0 restores (the DDP habit): rank 1 keeps the new run's weights
+        "restore_checkpoint": (
+            "def restore_checkpoint(engine, checkpoint):\n"
+            "    epoch = 0\n"
+            "    if ray.train.get_context().get_world_rank() == 0:\n"
+            "        with checkpoint.as_directory() as directory:\n"
+            "            _, client_state = engine.load_checkpoint(directory)\n"
+            "        epoch = client_state['epoch'] + 1\n"
+            "    return epoch\n"),
+    },
+    {
+        # copied the module-07 habit of turning clipping off: trains differently from DDP with clipping (hidden test)
+        "build_engine": _CONFIG_HEAD + (
+            "    zero = {'stage': stage}\n"
+            "    if offload_optimizer:\n"
+            "        zero['offload_optimizer'] = {'device': 'cpu'}\n"
+            "    config = {'train_batch_size': global_batch_size, 'train_micro_batch_size_per_gpu': micro_batch_size,\n"
+            "              'optimizer': {'type': 'AdamW', 'params': {'lr': lr, 'torch_adam': True}},\n"
+            "              'zero_optimization': zero, 'zero_force_ds_cpu_optimizer': False, 'gradient_clipping': 0.0,\n"
+            "              'bf16': {'enabled': bf16}, 'steps_per_print': 10**9}\n"
+            "    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)\n"
+            "    return engine\n"),
+        # the forward pass through the wrapped module, not the engine (ZeRO-3 then trains differently: hidden test)
+        "train_micro_batches": (
+            "def train_micro_batches(engine, batches):\n"
+            "    losses = []\n"
+            "    for images, labels in batches:\n"
+            "        loss = F.cross_entropy(engine.module(images), labels)\n"
+            "        engine.backward(loss)\n"
+            "        engine.step()\n"
+            "        losses.append(loss.item())\n"
+            "    return sum(losses) / len(losses)\n"),
+        # reports before saving: the reported directory is still empty (hidden test)
+        "save_and_report": (
+            "def save_and_report(engine, metrics, directory):\n"
+            "    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(directory))\n"
+            "    engine.save_checkpoint(directory, tag=TAG, client_state={'epoch': metrics['epoch']})\n"),
+        # does not restore the optimizer state
+        "restore_checkpoint": (
+            "def restore_checkpoint(engine, checkpoint):\n"
+            "    with checkpoint.as_directory() as directory:\n"
+            "        _, client_state = engine.load_checkpoint(directory, load_optimizer_states=False)\n"
+            "    return client_state['epoch'] + 1\n"),
+    },
+    {
+        # bf16 and offload never reach the config (visible check passes, hidden test fails)
+        "build_engine": _CONFIG_HEAD + (
+            "    config = {'train_batch_size': global_batch_size, 'train_micro_batch_size_per_gpu': micro_batch_size,\n"
+            "              'gradient_accumulation_steps': global_batch_size // (micro_batch_size * world_size),\n"
+            "              'optimizer': {'type': 'AdamW', 'params': {'lr': lr, 'torch_adam': True}},\n"
+            "              'zero_optimization': {'stage': stage}, 'zero_force_ds_cpu_optimizer': False,\n"
+            "              'steps_per_print': 10**9}\n"
+            "    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)\n"
+            "    return engine\n"),
+        # returns what engine.backward returns: the loss already divided by the accumulation steps (hidden test)
+        "train_micro_batches": (
+            "def train_micro_batches(engine, batches):\n"
+            "    total, count = 0.0, 0\n"
+            "    for images, labels in batches:\n"
+            "        loss = engine.backward(F.cross_entropy(engine(images), labels))\n"
+            "        engine.step()\n"
+            "        total, count = total + loss.item(), count + 1\n"
+            "    return total / count\n"),
+        # a tag per rank: the ranks' files land under different tags, `latest` names rank 0's only (hidden test)
+        "save_and_report": (
+            "def save_and_report(engine, metrics, directory):\n"
+            "    rank = ray.train.get_context().get_world_rank()\n"
+            "    engine.save_checkpoint(directory, tag=f'epoch{metrics[\"epoch\"]}-rank{rank}',\n"
+            "                           client_state={'epoch': metrics['epoch']})\n"
+            "    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(directory))\n"),
+        # the next epoch from the optimizer step count, not from the saved epoch
+        "restore_checkpoint": (
+            "def restore_checkpoint(engine, checkpoint):\n"
+            "    with checkpoint.as_directory() as directory:\n"
+            "        engine.load_checkpoint(directory)\n"
+            "    return engine.global_steps + 1\n"),
+    },
+    {
+        # the learning rate never reaches the optimizer (DeepSpeed's default 1e-3 is used)
+        "build_engine": _CONFIG_HEAD + (
+            "    zero = {'stage': stage}\n"
+            "    if offload_optimizer:\n"
+            "        zero['offload_optimizer'] = {'device': 'cpu'}\n"
+            "    config = {'train_batch_size': global_batch_size, 'train_micro_batch_size_per_gpu': micro_batch_size,\n"
+            "              'optimizer': {'type': 'AdamW', 'params': {'torch_adam': True}},\n"
+            "              'zero_optimization': zero, 'zero_force_ds_cpu_optimizer': False,\n"
+            "              'bf16': {'enabled': bf16}, 'steps_per_print': 10**9}\n"
+            "    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)\n"
+            "    return engine\n"),
+        # one engine.step() after all micro-batches (the engine then sees a single micro-batch)
+        "train_micro_batches": (
+            "def train_micro_batches(engine, batches):\n"
+            "    losses = []\n"
+            "    for images, labels in batches:\n"
+            "        loss = F.cross_entropy(engine(images), labels)\n"
+            "        engine.backward(loss)\n"
+            "        losses.append(loss.item())\n"
+            "    engine.step()\n"
+            "    return sum(losses) / len(losses)\n"),
+        # forgets client_state: the epoch is not in the checkpoint (hidden test)
+        "save_and_report": (
+            "def save_and_report(engine, metrics, directory):\n"
+            "    engine.save_checkpoint(directory, tag=TAG)\n"
+            "    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(directory))\n"),
+    },
+]
+
+RIGHT = {
+    # no gradient_accumulation_steps (DeepSpeed derives it), a torch optimizer handed to initialize, clipping explicit
+    "build_engine": (
+        "def build_engine(model, world_size, global_batch_size, micro_batch_size, lr, stage,\n"
+        "                 offload_optimizer=False, bf16=False):\n"
+        "    zero = {'stage': stage, **({'offload_optimizer': {'device': 'cpu'}} if offload_optimizer else {})}\n"
+        "    cfg = {'train_batch_size': global_batch_size, 'train_micro_batch_size_per_gpu': micro_batch_size,\n"
+        "           'zero_optimization': zero, 'zero_force_ds_cpu_optimizer': False, 'gradient_clipping': 1.0,\n"
+        "           'bf16': {'enabled': bool(bf16)}, 'steps_per_print': 1_000_000_000}\n"
+        "    params = list(model.parameters())\n"
+        "    result = deepspeed.initialize(model=model, model_parameters=params,\n"
+        "                                  optimizer=torch.optim.AdamW(params, lr=lr), config=cfg)\n"
+        "    return result[0]\n"),
+    "train_micro_batches": (
+        "def train_micro_batches(engine, batches):\n"
+        "    values = []\n"
+        "    for step, (x, y) in enumerate(batches):\n"
+        "        out = engine(x)\n"
+        "        loss = torch.nn.functional.cross_entropy(out.to(torch.float32), y)\n"
+        "        engine.backward(loss)\n"
+        "        engine.step()\n"
+        "        values.append(loss.detach())\n"
+        "    return torch.stack(values).mean().item()\n"),
+    "save_and_report": (
+        "def save_and_report(engine, metrics, directory):\n"
+        "    epoch = metrics['epoch']\n"
+        "    engine.save_checkpoint(save_dir=directory, tag=TAG, client_state=dict(epoch=epoch))\n"
+        "    checkpoint = ray.train.Checkpoint(path=directory)\n"
+        "    ray.train.report(metrics=dict(metrics), checkpoint=checkpoint)\n"),
+    "restore_checkpoint": (
+        "def restore_checkpoint(engine, checkpoint):\n"
+        "    with checkpoint.as_directory() as path:\n"
+        "        loaded_path, state = engine.load_checkpoint(path, load_optimizer_states=True)\n"
+        "    assert loaded_path is not None, 'nothing was loaded'\n"
+        "    return int(state['epoch']) + 1\n"),
 }
