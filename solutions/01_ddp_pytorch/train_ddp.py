@@ -1,8 +1,12 @@
 """Vanilla PyTorch DDP: ResNet18 on handwritten digits, launched by ``torchrun``.
 
 Every line of distributed plumbing is written out by hand here, on purpose:
-process group, DistributedSampler + ``set_epoch``, per-worker batch size,
-DDP wrapping, loss all-reduce for logging, rank-0 checkpoint and evaluation.
+process group, per-worker batch size, device per local rank, DDP wrapping,
+rank-0 evaluation. Three pieces come from the notebook's exercises, imported
+from ``ddp_exercises.py`` (or the file given with ``--exercises``; the notebook
+writes your answers there): the sharded data with ``set_epoch``
+(``sharded_epochs``), the training step with the loss all-reduced for logging
+(``train_step``) and the rank-0 checkpoint with a barrier (``save_checkpoint``).
 Module 02 migrates this script to Ray Train and deletes most of it.
 
 Single node (2 CPU processes, or one process per GPU)::
@@ -22,6 +26,7 @@ same command runs on a laptop and on a GPU cluster.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -30,10 +35,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader
-from torch.utils.data.distributed import DistributedSampler
 
 import coursekit
 from coursekit.data import load_digits
@@ -60,6 +62,10 @@ def parse_args(rt: coursekit.Runtime, argv: list[str] | None = None) -> argparse
     p.add_argument("--metrics-out", default=None,
                    help="rank 0 writes {losses, test_accuracy, world_size, ...} as JSON here")
     p.add_argument("--data-dir", default=rt.data_dir, help=f"dataset cache (default: {rt.data_dir})")
+    default_exercises = Path(__file__).with_name("ddp_exercises.py")
+    p.add_argument("--exercises", default=str(default_exercises),
+                   help="the Python file with sharded_epochs, train_step and save_checkpoint "
+                        f"(default: {default_exercises.name} next to this script)")
     p.add_argument("--smoke-test", action="store_true",
                    help="tiny sizes (coursekit's 'smoke' profile) for CI and quick checks")
     args = p.parse_args(argv)
@@ -77,12 +83,23 @@ def _nearest_multiples(n: int, k: int) -> str:
 
 def per_worker_batch_size(global_batch_size: int, world_size: int) -> int:
     """The batch each DDP process loads: the global batch split evenly over the processes."""
-    if global_batch_size % world_size != 0:
+    per_worker, left_over = divmod(global_batch_size, world_size)
+    if left_over:
         raise ValueError(
             f"--global-batch-size {global_batch_size} is not divisible by the world size "
             f"{world_size}: every worker must process the same number of examples per step. "
             f"Use a multiple of {world_size}, e.g. {_nearest_multiples(global_batch_size, world_size)}.")
-    return global_batch_size // world_size
+    return per_worker
+
+
+def load_exercises(path: str):
+    """The module holding the notebook's three exercises (sharded_epochs, train_step, save_checkpoint)."""
+    if not Path(path).is_file():
+        sys.exit(f"--exercises {path}: no such file")
+    spec = importlib.util.spec_from_file_location("ddp_exercises", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def log0(rank: int, *msg) -> None:
@@ -108,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
         batch_size = per_worker_batch_size(args.global_batch_size, world_size)
     except ValueError as e:
         sys.exit(f"[rank {rank}] error: {e}")
+    ex = load_exercises(args.exercises)   # ex.sharded_epochs, ex.train_step, ex.save_checkpoint
 
     # 2. One device per process: GPU number LOCAL_RANK on this node, or the CPU.
     if rt.use_gpu:
@@ -132,11 +150,6 @@ def main(argv: list[str] | None = None) -> None:
         train = load_digits(train=True, limit=args.train_samples, data_dir=args.data_dir, quiet=True)
     log0(rank, f"data: {train.source}, {len(train)} training images")
 
-    # DistributedSampler gives each rank a disjoint 1/world_size of the indices,
-    # shuffled with a seed that every rank shares (set_epoch changes it per epoch).
-    sampler = DistributedSampler(train.dataset(), num_replicas=world_size, rank=rank, shuffle=True, seed=0)
-    loader = DataLoader(train.dataset(), batch_size=batch_size, sampler=sampler)  # no shuffle=: the sampler shuffles
-
     # 5. Model: the same init on every rank (DDP also broadcasts rank 0's weights at wrap time).
     torch.manual_seed(0)
     model = build_resnet18().to(device)
@@ -145,39 +158,29 @@ def main(argv: list[str] | None = None) -> None:
 
     ckpt_dir = Path(args.checkpoint_dir)
     ckpt_path = ckpt_dir / "checkpoint.pt"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)   # on several nodes: shared storage, seen by every rank
     losses: list[float] = []
     start = time.perf_counter()
-    for epoch in range(args.epochs):
-        # Without this line every epoch sees the same order (the sampler's seed never changes).
-        sampler.set_epoch(epoch)
+    # Exercise 1: each epoch, this rank's shard of the data (DistributedSampler), in a new order (set_epoch).
+    for epoch, loader in ex.sharded_epochs(train.dataset(), batch_size, args.epochs, seed=0):
         model.train()
-        totals = torch.zeros(2, device=device)  # [sum of losses * examples, examples] on THIS rank
+        seen, loss_sum = 0, 0.0
         for images, labels in loader:
             images, labels = images.to(device), labels.to(device)
-            optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(images), labels)
-            loss.backward()   # DDP all-reduces (averages) the gradients here, overlapped with backward
-            optimizer.step()  # identical gradients -> identical update on every rank
-            totals[0] += loss.detach() * len(labels)
-            totals[1] += len(labels)
-
-        # Each rank only saw its shard: sum the totals over all ranks for the true epoch loss.
-        dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-        epoch_loss = (totals[0] / totals[1]).item()
+            # Exercise 2: forward, backward (DDP averages the gradients), step; the loss of the
+            # step averaged over ALL ranks (each rank only saw its shard), the same on every rank.
+            step_loss = ex.train_step(model, optimizer, images, labels)
+            loss_sum += step_loss * len(labels)   # every rank's batch has this size in this step
+            seen += len(labels)
+        epoch_loss = loss_sum / seen
         losses.append(epoch_loss)
         log0(rank, f"epoch {epoch + 1}/{args.epochs}  loss {epoch_loss:.4f}  "
                    f"({time.perf_counter() - start:.1f} s)")
 
-        # 6. Checkpoint from rank 0 only: the replicas are identical, so one copy is enough,
-        #    and N processes writing the same file would corrupt it. .module = the unwrapped
-        #    model, so the checkpoint loads into a plain ResNet18 (no "module." prefixes).
-        if rank == 0:
-            ckpt_dir.mkdir(parents=True, exist_ok=True)
-            tmp = ckpt_path.with_suffix(".tmp")
-            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                        "epoch": epoch}, tmp)
-            os.replace(tmp, ckpt_path)  # atomic: a crash never leaves half a checkpoint
-        dist.barrier()  # nobody races ahead (or reads the checkpoint) before it is on disk
+        # 6. Exercise 3: the checkpoint from global rank 0 only (the replicas are identical, and N
+        #    processes writing one file would corrupt it), the unwrapped model's state so that a plain
+        #    ResNet18 loads it; every rank waits until it is on disk.
+        ex.save_checkpoint(model, optimizer, epoch, ckpt_path)
 
     # 7. Evaluate on rank 0 (every replica holds the same weights).
     if rank == 0:
