@@ -1,6 +1,7 @@
 """Module 07 outside the notebook: the five comparable scripts. Their training functions run on 2 real
 gloo ranks (Ray Train's context simulated, no Ray): every strategy trains like DDP on the same batches,
-holds the memory the planner predicts (within 10%), and the scripts fail clearly when misused."""
+holds the memory the planner predicts (within 10%), the scripts fail clearly when misused, and they hold no
+line of any exercise answer."""
 import importlib
 import subprocess
 import sys
@@ -106,3 +107,18 @@ def test_train_func_can_be_shipped_to_ray_workers(script):
 
     namespace = runpy.run_path(str(MODULE / f"{script}.py"), run_name="__ray_script__")   # main() does not run
     assert len(ray.cloudpickle.dumps(namespace["train_func"])) > 0
+
+
+def test_the_scripts_hold_no_line_of_any_answer():
+    """The five scripts are teaching material, released as they are and run by the notebook: no line of any
+    module's exercise answer (module 07's capstone port included) may be in them (the release's own rule,
+    autograder.student_release.answer_leaks, applied to this folder in solutions/ and in course/)."""
+    from autograder.release import modules
+    from autograder.student_release import _lines, answers
+
+    every = {(m, gid): lines for m in modules() for _, gid, lines in answers(m)}
+    for folder in (MODULE, REPO / "course" / "07_scaling_up"):
+        for script in sorted(folder.glob("*.py")):
+            text = _lines(script.read_text())
+            hits = {f"{m}/{gid}": sorted(text & lines)[:2] for (m, gid), lines in every.items() if text & lines}
+            assert not hits, f"{script.relative_to(REPO)} holds lines of answers: {hits}"

@@ -18,12 +18,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
-from torch.utils.data.distributed import DistributedSampler
 
 import ray.train
 import ray.train.torch
 from ray.train import Checkpoint, RunConfig
-from ray.train.torch import TorchConfig, TorchTrainer
+from ray.train.torch import TorchConfig, TorchTrainer, prepare_data_loader, prepare_model
 
 from coursekit import detect
 from coursekit.data import load_digits
@@ -55,67 +54,64 @@ def parse_args(argv=None) -> dict:
             "num_workers": args.num_workers, "use_gpu": args.use_gpu}
 
 
-def build_model(config: dict) -> ViT:
-    torch.manual_seed(config["seed"])
-    return ViT(**config["vit"])
+def build_model(cfg: dict) -> ViT:
+    torch.manual_seed(cfg["seed"])
+    return ViT(**cfg["vit"])
 
 
-def train_func(config: dict) -> None:
-    rank, world_size = ray.train.get_context().get_world_rank(), ray.train.get_context().get_world_size()
-    device = ray.train.torch.get_device()
-    model = ray.train.torch.prepare_model(build_model(config))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"])
-    data = load_digits(train=True, limit=config["train_samples"], quiet=True).dataset()
-    loader = DataLoader(data, batch_size=config["global_batch_size"] // world_size, shuffle=True, drop_last=True,
-                        generator=torch.Generator().manual_seed(config["seed"]))
-    loader = ray.train.torch.prepare_data_loader(loader)
-    meter = StepMeter(warmup=2, steps=config.get("measure_steps", 8))
+def train_func(cfg: dict) -> None:
+    worker = ray.train.get_context()
+    rank, world_size, device = worker.get_world_rank(), worker.get_world_size(), ray.train.torch.get_device()
+    model = prepare_model(build_model(cfg))
+    plain = getattr(model, "module", model)                  # DDP's wrapped model (one worker: no DDP)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"])
+    digits = load_digits(train=True, limit=cfg["train_samples"], quiet=True).dataset()
+    batches = prepare_data_loader(DataLoader(digits, batch_size=cfg["global_batch_size"] // world_size, shuffle=True,
+                                             drop_last=True, generator=torch.Generator().manual_seed(cfg["seed"])))
+    meter = StepMeter(warmup=2, steps=cfg.get("measure_steps", 8))
     losses = []
-    for epoch in range(config["epochs"]):
-        if isinstance(loader.sampler, DistributedSampler):
-            loader.sampler.set_epoch(epoch)
+    for epoch in range(cfg["epochs"]):
+        if world_size > 1:                                   # the DistributedSampler prepare_data_loader added
+            batches.sampler.set_epoch(epoch)
         model.train()
-        total = torch.zeros(2, device=device)
-        for images, labels in loader:
-            loss = F.cross_entropy(model(images), labels)
+        epoch_sums = torch.zeros(2, device=device)           # loss x samples, samples
+        for inputs, targets in batches:
+            loss = F.cross_entropy(model(inputs), targets)
             optimizer.zero_grad()
             loss.backward()
-            meter.tick(model, optimizer, len(labels))
+            meter.tick(model, optimizer, len(targets))
             optimizer.step()
-            total += torch.tensor([loss.item() * len(labels), len(labels)], device=device)
-        dist.all_reduce(total)
-        losses.append((total[0] / total[1]).item())
-        metrics = {"epoch": epoch, "loss": losses[-1]}
-        if epoch == config["epochs"] - 1:
+            epoch_sums += torch.tensor([loss.item() * len(targets), len(targets)], device=device)
+        dist.all_reduce(epoch_sums)
+        losses.append((epoch_sums[0] / epoch_sums[1]).item())
+        metrics = dict(epoch=epoch, loss=losses[-1])
+        if epoch == cfg["epochs"] - 1:
             results = meter.results()
             memory_by_rank = [None] * world_size
             dist.all_gather_object(memory_by_rank, results.pop("memory"))
-            test = load_digits(train=False, limit=config["test_samples"], quiet=True)
-            plain = getattr(model, "module", model)      # DDP's wrapped model (one worker: no DDP)
-            metrics.update(losses=losses, test_accuracy=accuracy(plain, test.tensors, test.labels, device=device),
-                           **results, memory_by_rank=memory_by_rank)
-        with tempfile.TemporaryDirectory() as tmp:
-            checkpoint = None
+            held_out = load_digits(train=False, limit=cfg["test_samples"], quiet=True)
+            metrics.update(losses=losses, test_accuracy=accuracy(plain, held_out.tensors, held_out.labels,
+                                                                 device=device), **results,
+                           memory_by_rank=memory_by_rank)
+        with tempfile.TemporaryDirectory() as staging:       # ray.train.report copies it to the run's storage
             if rank == 0:
-                torch.save({"model": getattr(model, "module", model).state_dict(), "optimizer": optimizer.state_dict(),
-                            "epoch": epoch}, os.path.join(tmp, "checkpoint.pt"))
-                checkpoint = Checkpoint.from_directory(tmp)
-            ray.train.report(metrics, checkpoint=checkpoint)
+                torch.save({"model": plain.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
+                           os.path.join(staging, "checkpoint.pt"))
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(staging) if rank == 0 else None)
 
 
 def main(argv=None) -> dict:
     rt = detect()
-    config = parse_args(argv)
+    cfg = parse_args(argv)
     init_ray(rt)
-    scaling_config = make_scaling_config(config["num_workers"], config["use_gpu"],
-                                         global_batch_size=config["global_batch_size"])
-    run_config = RunConfig(storage_path=storage_path(rt), name=time.strftime("07-ray-ddp-%Y%m%d-%H%M%S"))
-    trainer = TorchTrainer(train_func, train_loop_config=config, scaling_config=scaling_config,
-                           run_config=run_config, torch_config=TorchConfig(backend=rt.backend))
+    scaling = make_scaling_config(cfg["num_workers"], cfg["use_gpu"], global_batch_size=cfg["global_batch_size"])
+    run = RunConfig(storage_path=storage_path(rt), name=time.strftime("07-ray-ddp-%Y%m%d-%H%M%S"))
+    trainer = TorchTrainer(train_func, train_loop_config=cfg, scaling_config=scaling, run_config=run,
+                           torch_config=TorchConfig(backend=rt.backend))
     results = trainer.fit().metrics
     print({k: v for k, v in results.items() if k != "memory_by_rank"})
-    if config["metrics_out"]:
-        with open(config["metrics_out"], "w") as f:
+    if cfg["metrics_out"]:
+        with open(cfg["metrics_out"], "w") as f:
             json.dump(results, f)
     return results
 

@@ -62,74 +62,72 @@ def parse_args(argv=None) -> dict:
             "num_workers": args.num_workers, "use_gpu": args.use_gpu, "stage": args.stage, "bf16": args.bf16}
 
 
-def build_model(config: dict) -> ViT:
-    torch.manual_seed(config["seed"])
-    return ViT(**config["vit"])
+def build_model(cfg: dict) -> ViT:
+    torch.manual_seed(cfg["seed"])
+    return ViT(**cfg["vit"])
 
 
-def ds_config(config: dict, world_size: int) -> dict:
-    return {"train_batch_size": config["global_batch_size"],
-            "train_micro_batch_size_per_gpu": config["global_batch_size"] // world_size,
-            "optimizer": {"type": "AdamW", "params": {"lr": config["lr"], "torch_adam": True}},
-            "zero_optimization": {"stage": config["stage"], "stage3_param_persistence_threshold": 0},
-            "gradient_clipping": 0.0, "bf16": {"enabled": config["bf16"]}, "steps_per_print": 10**9}
+def ds_config(cfg: dict, world_size: int) -> dict:
+    """DeepSpeed's configuration: the global batch is the micro-batch of every worker, no accumulation."""
+    return {"train_batch_size": cfg["global_batch_size"],
+            "train_micro_batch_size_per_gpu": cfg["global_batch_size"] // world_size,
+            "optimizer": {"type": "AdamW", "params": {"lr": cfg["lr"], "torch_adam": True}},
+            "zero_optimization": {"stage": cfg["stage"], "stage3_param_persistence_threshold": 0},
+            "gradient_clipping": 0.0, "bf16": {"enabled": cfg["bf16"]}, "steps_per_print": 10**9}
 
 
-def train_func(config: dict) -> None:
+def train_func(cfg: dict) -> None:
     deepspeed_pytorch_ops_only()   # no C++ op builds (module 06)
-    rank, world_size = ray.train.get_context().get_world_rank(), ray.train.get_context().get_world_size()
-    device = ray.train.torch.get_device()
-    model = build_model(config)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                      config=ds_config(config, world_size))
-    data = load_digits(train=True, limit=config["train_samples"], quiet=True).dataset()
-    sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=True, seed=config["seed"])
-    loader = DataLoader(data, batch_size=config["global_batch_size"] // world_size, sampler=sampler,
-                        drop_last=True)
-    dtype = torch.bfloat16 if config["bf16"] else torch.float32
-    meter = StepMeter(warmup=2, steps=config.get("measure_steps", 8))
+    worker = ray.train.get_context()
+    rank, world_size, device = worker.get_world_rank(), worker.get_world_size(), ray.train.torch.get_device()
+    vit = build_model(cfg)
+    engine, *_ = deepspeed.initialize(model=vit, model_parameters=vit.parameters(),
+                                      config=ds_config(cfg, world_size))
+    digits = load_digits(train=True, limit=cfg["train_samples"], quiet=True).dataset()
+    order = DistributedSampler(digits, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg["seed"])
+    batches = DataLoader(digits, batch_size=cfg["global_batch_size"] // world_size, sampler=order, drop_last=True)
+    dtype = torch.bfloat16 if cfg["bf16"] else torch.float32
+    meter = StepMeter(warmup=2, steps=cfg.get("measure_steps", 8))
     losses = []
-    for epoch in range(config["epochs"]):
-        sampler.set_epoch(epoch)
+    for epoch in range(cfg["epochs"]):
+        order.set_epoch(epoch)
         engine.train()
-        total = torch.zeros(2, device=device)
-        for images, labels in loader:
-            images, labels = images.to(device, dtype), labels.to(device)
-            loss = F.cross_entropy(engine(images).float(), labels)
-            engine.backward(loss)
-            meter.tick(engine, None, len(labels))
+        epoch_sums = torch.zeros(2, device=device)           # loss x samples, samples
+        for inputs, targets in batches:
+            inputs, targets = inputs.to(device, dtype), targets.to(device)
+            loss = F.cross_entropy(engine(inputs).float(), targets)
+            engine.backward(loss)                            # the engine scales, reduces and partitions
+            meter.tick(engine, None, len(targets))
             engine.step()
-            total += torch.tensor([loss.item() * len(labels), len(labels)], device=device)
-        dist.all_reduce(total)
-        losses.append((total[0] / total[1]).item())
-        metrics = {"epoch": epoch, "loss": losses[-1]}
-        if epoch == config["epochs"] - 1:
+            epoch_sums += torch.tensor([loss.item() * len(targets), len(targets)], device=device)
+        dist.all_reduce(epoch_sums)
+        losses.append((epoch_sums[0] / epoch_sums[1]).item())
+        metrics = dict(epoch=epoch, loss=losses[-1])
+        if epoch == cfg["epochs"] - 1:
             results = meter.results()
             memory_by_rank = [None] * world_size
             dist.all_gather_object(memory_by_rank, results.pop("memory"))
-            test = load_digits(train=False, limit=config["test_samples"], quiet=True)
-            images = test.tensors.to(dtype)                # every rank: a ZeRO-3 forward is a collective
-            metrics.update(losses=losses, test_accuracy=accuracy(engine, images, test.labels, device=device),
+            held_out = load_digits(train=False, limit=cfg["test_samples"], quiet=True)
+            pixels = held_out.tensors.to(dtype)             # every rank: a ZeRO-3 forward is a collective
+            metrics.update(losses=losses, test_accuracy=accuracy(engine, pixels, held_out.labels, device=device),
                            **results, memory_by_rank=memory_by_rank)
-        with tempfile.TemporaryDirectory() as tmp:
-            engine.save_checkpoint(tmp, tag="checkpoint", client_state={"epoch": epoch})
-            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp))
+        with tempfile.TemporaryDirectory() as staging:       # every rank writes its partition, then reports it
+            engine.save_checkpoint(staging, tag="checkpoint", client_state={"epoch": epoch})
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(staging))
 
 
 def main(argv=None) -> dict:
     rt = detect()
-    config = parse_args(argv)
+    cfg = parse_args(argv)
     init_ray(rt)
-    scaling_config = make_scaling_config(config["num_workers"], config["use_gpu"],
-                                         global_batch_size=config["global_batch_size"])
-    name = time.strftime(f"07-ray-zero{config['stage']}-%Y%m%d-%H%M%S")
-    run_config = RunConfig(storage_path=storage_path(rt), name=name)
-    trainer = TorchTrainer(train_func, train_loop_config=config, scaling_config=scaling_config,
-                           run_config=run_config, torch_config=TorchConfig(backend=rt.backend))
+    scaling = make_scaling_config(cfg["num_workers"], cfg["use_gpu"], global_batch_size=cfg["global_batch_size"])
+    run = RunConfig(storage_path=storage_path(rt), name=time.strftime(f"07-ray-engine{cfg['stage']}-%Y%m%d-%H%M%S"))
+    trainer = TorchTrainer(train_func, train_loop_config=cfg, scaling_config=scaling, run_config=run,
+                           torch_config=TorchConfig(backend=rt.backend))
     results = trainer.fit().metrics
     print({k: v for k, v in results.items() if k != "memory_by_rank"})
-    if config["metrics_out"]:
-        with open(config["metrics_out"], "w") as f:
+    if cfg["metrics_out"]:
+        with open(cfg["metrics_out"], "w") as f:
             json.dump(results, f)
     return results
 

@@ -40,38 +40,38 @@ def parse_args(argv=None) -> dict:
             "metrics_out": args.metrics_out, "checkpoint_dir": args.checkpoint_dir, "seed": 0}
 
 
-def build_model(config: dict) -> ViT:
-    torch.manual_seed(config["seed"])
-    return ViT(**config["vit"])
+def build_model(cfg: dict) -> ViT:
+    torch.manual_seed(cfg["seed"])
+    return ViT(**cfg["vit"])
 
 
-def train(config: dict) -> dict:
+def train(cfg: dict) -> dict:
     device = torch.device(detect().device)
-    model = build_model(config).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"])
-    data = load_digits(train=True, limit=config["train_samples"], quiet=True).dataset()
-    loader = DataLoader(data, batch_size=config["global_batch_size"], shuffle=True, drop_last=True,
-                        generator=torch.Generator().manual_seed(config["seed"]))
-    meter = StepMeter(warmup=2, steps=config.get("measure_steps", 8))
+    model = build_model(cfg).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"])
+    digits = load_digits(train=True, limit=cfg["train_samples"], quiet=True).dataset()
+    batches = DataLoader(digits, batch_size=cfg["global_batch_size"], shuffle=True, drop_last=True,
+                         generator=torch.Generator().manual_seed(cfg["seed"]))
+    meter = StepMeter(warmup=2, steps=cfg.get("measure_steps", 8))
     losses = []
-    for epoch in range(config["epochs"]):
+    for epoch in range(cfg["epochs"]):
         model.train()
-        total = torch.zeros(2, device=device)
-        for images, labels in loader:
-            images, labels = images.to(device), labels.to(device)
-            loss = F.cross_entropy(model(images), labels)
+        epoch_sums = torch.zeros(2, device=device)           # loss x samples, samples
+        for inputs, targets in batches:
+            inputs, targets = inputs.to(device), targets.to(device)
+            loss = F.cross_entropy(model(inputs), targets)
             optimizer.zero_grad()
             loss.backward()
-            meter.tick(model, optimizer, len(labels))
+            meter.tick(model, optimizer, len(targets))
             optimizer.step()
-            total += torch.tensor([loss.item() * len(labels), len(labels)], device=device)
-        losses.append((total[0] / total[1]).item())
+            epoch_sums += torch.tensor([loss.item() * len(targets), len(targets)], device=device)
+        losses.append((epoch_sums[0] / epoch_sums[1]).item())
         print(f"epoch {epoch}: loss {losses[-1]:.4f}", flush=True)
-        os.makedirs(config["checkpoint_dir"], exist_ok=True)
+        os.makedirs(cfg["checkpoint_dir"], exist_ok=True)
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
-                   os.path.join(config["checkpoint_dir"], "checkpoint.pt"))
-    test = load_digits(train=False, limit=config["test_samples"], quiet=True)
-    return {"losses": losses, "test_accuracy": accuracy(model, test.tensors, test.labels, device=device),
+                   os.path.join(cfg["checkpoint_dir"], "checkpoint.pt"))
+    held_out = load_digits(train=False, limit=cfg["test_samples"], quiet=True)
+    return {"losses": losses, "test_accuracy": accuracy(model, held_out.tensors, held_out.labels, device=device),
             **meter.results()}
 
 

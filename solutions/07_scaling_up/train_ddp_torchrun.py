@@ -44,56 +44,56 @@ def parse_args(argv=None) -> dict:
             "metrics_out": args.metrics_out, "checkpoint_dir": args.checkpoint_dir, "seed": 0}
 
 
-def build_model(config: dict) -> ViT:
-    torch.manual_seed(config["seed"])
-    return ViT(**config["vit"])
+def build_model(cfg: dict) -> ViT:
+    torch.manual_seed(cfg["seed"])
+    return ViT(**cfg["vit"])
 
 
-def train(config: dict) -> dict:
+def train(cfg: dict) -> dict:
     rt = detect()
     if "RANK" not in os.environ:
         sys.exit("train_ddp_torchrun.py is started by torchrun, which sets RANK, LOCAL_RANK and WORLD_SIZE:\n"
                  "  torchrun --standalone --nproc_per_node=2 train_ddp_torchrun.py --smoke-test")
     rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
-    device = torch.device("cuda", local_rank) if rt.use_gpu else torch.device("cpu")
+    device = torch.device("cuda", local_rank) if rt.use_gpu else torch.device("cpu")   # a GPU per local rank
     if rt.use_gpu:
         torch.cuda.set_device(device)
-    dist.init_process_group(backend=rt.backend)
-    model = DDP(build_model(config).to(device), device_ids=[local_rank] if rt.use_gpu else None)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"])
-    data = load_digits(train=True, limit=config["train_samples"], quiet=True).dataset()
-    sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=True, seed=config["seed"])
-    loader = DataLoader(data, batch_size=config["global_batch_size"] // world_size, sampler=sampler,
-                        drop_last=True)
-    meter = StepMeter(warmup=2, steps=config.get("measure_steps", 8))
+    dist.init_process_group(backend=rt.backend)             # torchrun's env:// rendezvous
+    model = DDP(build_model(cfg).to(device), device_ids=[local_rank] if rt.use_gpu else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"])
+    digits = load_digits(train=True, limit=cfg["train_samples"], quiet=True).dataset()
+    order = DistributedSampler(digits, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg["seed"])
+    batches = DataLoader(digits, batch_size=cfg["global_batch_size"] // world_size, sampler=order, drop_last=True)
+    meter = StepMeter(warmup=2, steps=cfg.get("measure_steps", 8))
     losses = []
-    for epoch in range(config["epochs"]):
-        sampler.set_epoch(epoch)
+    for epoch in range(cfg["epochs"]):
+        order.set_epoch(epoch)
         model.train()
-        total = torch.zeros(2, device=device)
-        for images, labels in loader:
-            images, labels = images.to(device), labels.to(device)
-            loss = F.cross_entropy(model(images), labels)
+        epoch_sums = torch.zeros(2, device=device)           # loss x samples, samples
+        for inputs, targets in batches:
+            inputs, targets = inputs.to(device), targets.to(device)
+            loss = F.cross_entropy(model(inputs), targets)
             optimizer.zero_grad()
             loss.backward()
-            meter.tick(model, optimizer, len(labels))
+            meter.tick(model, optimizer, len(targets))
             optimizer.step()
-            total += torch.tensor([loss.item() * len(labels), len(labels)], device=device)
-        dist.all_reduce(total)
-        losses.append((total[0] / total[1]).item())
+            epoch_sums += torch.tensor([loss.item() * len(targets), len(targets)], device=device)
+        dist.all_reduce(epoch_sums)
+        losses.append((epoch_sums[0] / epoch_sums[1]).item())
         if rank == 0:
             print(f"epoch {epoch}: loss {losses[-1]:.4f}", flush=True)
-            os.makedirs(config["checkpoint_dir"], exist_ok=True)   # on several nodes: shared storage
+            os.makedirs(cfg["checkpoint_dir"], exist_ok=True)   # on several nodes: shared storage
             torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
-                       os.path.join(config["checkpoint_dir"], "checkpoint.pt"))
-        dist.barrier()                                             # nobody reads it before it is written
+                       os.path.join(cfg["checkpoint_dir"], "checkpoint.pt"))
+        dist.barrier()                                       # nobody reads it before it is written
     results = meter.results()
     memory_by_rank = [None] * world_size
     dist.all_gather_object(memory_by_rank, results.pop("memory"))
-    test = load_digits(train=False, limit=config["test_samples"], quiet=True)
-    results = {"losses": losses, "test_accuracy": accuracy(model.module, test.tensors, test.labels, device=device),
+    held_out = load_digits(train=False, limit=cfg["test_samples"], quiet=True)
+    results = {"losses": losses,
+               "test_accuracy": accuracy(model.module, held_out.tensors, held_out.labels, device=device),
                **results, "memory_by_rank": memory_by_rank}
-    dist.destroy_process_group()
+    dist.destroy_process_group()                             # every rank leaves the group
     return results if rank == 0 else {}
 
 
