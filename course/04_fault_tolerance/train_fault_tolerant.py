@@ -5,13 +5,19 @@
     python train_fault_tolerant.py --name my-run --raise-at-epoch 3  # rank 0 raises once at epoch 3
     python train_fault_tolerant.py --name my-run --stop-driver-after-epoch 1   # this driver dies; rerun to resume
     python train_fault_tolerant.py --smoke-test ...                  # small and quick
+    python train_fault_tolerant.py --answers my_answers.py ...       # with your checkpoint functions
 
-A complete checkpoint (model, optimizer, epoch counter, RNG state) is written by
-rank 0 after every epoch; a restarted worker group, or a rerun with the same
-``--name`` and storage, continues from the latest one without repeating or
-skipping an epoch. ``FailureConfig(max_failures=...)`` says how many worker
-failures one run survives. On a cluster (Anyscale, or RAY_ADDRESS set) the
-script joins it and writes to the shared storage that coursekit detects.
+After every epoch each worker writes its share of a complete checkpoint: rank 0 the
+model, the optimizer and the epoch counter, every rank its own RNG state. A restarted
+worker group, or a rerun with the same ``--name`` and storage, continues from the
+latest one without repeating or skipping an epoch. ``FailureConfig(max_failures=...)``
+says how many worker-group failures one run survives. On a cluster (Anyscale, or
+RAY_ADDRESS set) the script joins it and writes to the shared storage that coursekit
+detects.
+
+The checkpoint functions are module 04's exercises: in the student's copy they are stubs,
+and the notebook runs this script with ``--answers``, a file it writes from the student's
+exercise cells.
 """
 from __future__ import annotations
 
@@ -42,39 +48,62 @@ from coursekit.models import accuracy, build_model
 from coursekit.raysetup import init_ray, storage_path
 from coursekit.scaling import ScalingError, make_scaling_config
 
-STATE_FILE = "state.pt"
+STATE_FILE = "state.pt"          # rank 0: the model, the optimizer and the finished epoch
 
 
+def rng_file(rank: int) -> str:  # every rank: its own random-number generator state
+    return f"rng_rank_{rank}.pt"
+
+
+# The three checkpoint functions are module 04's Exercises 1 and 2. The notebook passes your answers
+# with --answers (a file it writes from your exercise cells); without it, finish them here.
 def save_training_state(directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                         epoch: int) -> None:
-    """Everything needed to continue: weights, optimizer moments, the finished epoch, RNG state."""
-    torch.save({"model": getattr(model, "module", model).state_dict(),  # unwrapped: loads anywhere
-                "optimizer": optimizer.state_dict(),
-                "epoch": epoch,                                      # the epoch that just finished
-                "rng": torch.get_rng_state()},
-               os.path.join(directory, STATE_FILE))
+    """Called by every rank: rank 0 writes STATE_FILE (unwrapped model, optimizer, finished epoch),
+    each rank writes its own RNG state to rng_file(its global rank)."""
+    # YOUR CODE HERE (the notebook's exercise: finish it there, then copy it here)
+    raise NotImplementedError()
 
 
 def load_training_state(directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Restore model, optimizer and RNG from a checkpoint directory; return the epoch it finished."""
-    state = torch.load(os.path.join(directory, STATE_FILE), map_location="cpu", weights_only=True)
-    getattr(model, "module", model).load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"])
-    return state["epoch"]
+    """Restore the model, the optimizer and this rank's RNG state (tensors onto the CPU whatever device
+    wrote them); return the epoch the checkpoint finished."""
+    # YOUR CODE HERE (the notebook's exercise: finish it there, then copy it here)
+    raise NotImplementedError()
 
 
 def resume(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """The first epoch to train: 0 on a fresh start, the epoch after the checkpoint's on a restart."""
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is None:
-        return 0
-    with checkpoint.as_directory() as d:
-        return load_training_state(d, model, optimizer) + 1
+    # YOUR CODE HERE (the notebook's exercise: finish it there, then copy it here)
+    raise NotImplementedError()
+
+
+CHECKPOINT_FUNCTIONS = ("save_training_state", "load_training_state", "resume")
+
+
+def use_answers(path: str) -> None:
+    """Replace the checkpoint functions above by the ones in ``path`` (the notebook writes your
+    exercise cells there). They become this script's own, so Ray ships them to the workers with
+    train_func."""
+    exec(compile(Path(path).read_text(encoding="utf-8"), str(path), "exec"), globals())
+    missing = [f for f in CHECKPOINT_FUNCTIONS if not callable(globals().get(f))]
+    if missing:
+        raise SystemExit(f"error: {path} does not define {', '.join(missing)}")
+
+
+def unfinished() -> list[str]:
+    """The checkpoint functions that are still the exercise's stub (they raise NotImplementedError)."""
+    return [f for f in CHECKPOINT_FUNCTIONS if "NotImplementedError" in globals()[f].__code__.co_names]
+
+
+def augment(images: torch.Tensor) -> torch.Tensor:
+    """Random noise on every image (a stand-in for random crops and flips), drawn on the CPU from
+    torch's global generator: each rank's own random stream."""
+    return images + 0.1 * torch.randn(images.shape).to(images.device)
 
 
 def train_func(config: dict) -> None:
-    """The loop every Ray Train worker runs: resume, train, checkpoint (rank 0), report (all)."""
+    """The loop every Ray Train worker runs: resume, train, checkpoint (every rank its share), report."""
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
     torch.manual_seed(config.get("seed", 0))
@@ -87,7 +116,8 @@ def train_func(config: dict) -> None:
     loader = ray.train.torch.prepare_data_loader(loader)
     test = load_digits(train=False, limit=config["test_samples"], quiet=True)
 
-    start_epoch = resume(model, optimizer)
+    torch.manual_seed(config.get("seed", 0) + 1 + rank)   # from here on each rank draws its own numbers
+    start_epoch = resume(model, optimizer)                  # and gets its own RNG state back on a restart
     markers = config.get("marker_dir")
     last_fault = max(fired(markers).values(), default=None)  # when the latest injected fault fired
     first_step_at = None
@@ -101,13 +131,13 @@ def train_func(config: dict) -> None:
         model.train()
         total = torch.zeros(2, device=ray.train.torch.get_device())  # NCCL reduces GPU tensors only
         for images, labels in loader:
-            loss = criterion(model(images), labels)
+            loss = criterion(model(augment(images)), labels)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             total += torch.tensor([loss.item() * len(labels), len(labels)], device=total.device)
             first_step_at = first_step_at or time.time()
-        if dist.is_available() and dist.is_initialized():
+        if dist.is_available() and dist.is_initialized():   # several workers: add up their totals
             dist.all_reduce(total)
         metrics = {"epoch": epoch, "loss": (total[0] / total[1]).item(),
                    "accuracy": accuracy(getattr(model, "module", model), test.tensors, test.labels),
@@ -115,10 +145,8 @@ def train_func(config: dict) -> None:
                    # seconds from the latest fault to this worker group's first training step (-1: none)
                    "recovery_s": first_step_at - last_fault if (last_fault and epoch == start_epoch) else -1.0}
         with tempfile.TemporaryDirectory() as tmp:
-            checkpoint = None
-            if rank == 0:
-                save_training_state(tmp, model, optimizer, epoch)
-                checkpoint = Checkpoint.from_directory(tmp)
+            save_training_state(tmp, model, optimizer, epoch)       # every rank writes its share
+            checkpoint = Checkpoint.from_directory(tmp) if os.listdir(tmp) else None
             ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=f"epoch_{epoch:04d}")
 
 
@@ -167,7 +195,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="kill this driver once that epoch's checkpoint is registered")
     p.add_argument("--smoke-test", action="store_true", help="tiny data, 4 epochs")
     p.add_argument("--metrics-out", default=None, help="write the run's figures as JSON here")
+    p.add_argument("--answers", default=None,
+                   help="a Python file defining save_training_state, load_training_state and resume "
+                        "(the notebook writes yours); they replace this script's own")
     args = p.parse_args(argv)
+    if args.answers:
+        use_answers(args.answers)
+    if unfinished():
+        print(f"error: {', '.join(unfinished())} is still an exercise: pass --answers FILE (module 04's "
+              "notebook writes it from your cells) or finish the functions in this script", file=sys.stderr)
+        return 2
     if args.smoke_test:
         from coursekit.runtime import SIZES
 
