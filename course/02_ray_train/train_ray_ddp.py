@@ -9,10 +9,15 @@ The same file runs on a laptop and on a Ray cluster: on a cluster (Anyscale,
 or RAY_ADDRESS set) it joins the cluster and writes results to shared storage.
 Compare it with ../01_ddp_pytorch/train_ddp.py: no process-group code, no
 DistributedSampler by hand, no torchrun, no rank-0 launch logic.
+
+The training function and the driver's trainer are the notebook's exercises
+(``train_func``, ``scaling_config_for``, ``build_trainer``): finish them in the
+notebook, then copy your answers here where the script raises NotImplementedError.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -26,7 +31,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 import ray.train
 import ray.train.torch
-from ray.train import Checkpoint, RunConfig
+from ray.train import Checkpoint, CheckpointConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from coursekit import detect
@@ -34,14 +39,6 @@ from coursekit.data import load_digits
 from coursekit.models import accuracy, build_model
 from coursekit.raysetup import init_ray, storage_path
 from coursekit.scaling import PLACEMENT_STRATEGIES, ScalingError, make_scaling_config
-
-
-def worker_batch_size(global_batch_size: int) -> int:
-    """Each worker's share of the global batch (global = per-worker x workers)."""
-    world_size = ray.train.get_context().get_world_size()
-    if global_batch_size % world_size:
-        raise ValueError(f"global batch {global_batch_size} does not split over {world_size} workers")
-    return global_batch_size // world_size
 
 
 def worker_node_ids() -> list[str]:
@@ -54,48 +51,29 @@ def worker_node_ids() -> list[str]:
     return everyone
 
 
-def save_checkpoint_and_report(model: torch.nn.Module, metrics: dict) -> None:
-    """Every rank reports (the call is a synchronisation point); only rank 0 writes the model."""
-    with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = None
-        if ray.train.get_context().get_world_rank() == 0:
-            plain = getattr(model, "module", model)  # unwrap DistributedDataParallel
-            torch.save(plain.state_dict(), os.path.join(tmp, "model.pt"))
-            checkpoint = Checkpoint.from_directory(tmp)
-        ray.train.report(metrics, checkpoint=checkpoint)
-
-
 def train_func(config: dict) -> None:
-    """The training loop each Ray Train worker runs."""
-    torch.manual_seed(config.get("seed", 0))
-    model = ray.train.torch.prepare_model(build_model(config.get("model", "resnet18")))  # device + DDP
-    if config.get("optimizer", "adam") == "sgd":
-        optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
-    else:
-        optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
-    criterion = torch.nn.CrossEntropyLoss()
+    """The training loop each Ray Train worker runs: the notebook's Exercise 2.
 
-    data = load_digits(train=True, limit=config["train_samples"], quiet=True)
-    loader = DataLoader(data.dataset(), batch_size=worker_batch_size(config["global_batch_size"]),
-                        shuffle=True, drop_last=True)
-    loader = ray.train.torch.prepare_data_loader(loader)  # DistributedSampler + device moves
-    node_ids = worker_node_ids()
+    As in the notebook, with one addition: every worker calls ``worker_node_ids()`` once, before
+    the first epoch (it is a collective), and each report's metrics carry ``"node_ids"`` (that
+    list) next to ``"epoch"`` and ``"loss"``, so the driver can say where the workers ran."""
+    # YOUR CODE HERE (the notebook's exercise: finish it there, then copy it here)
+    raise NotImplementedError()
 
-    for epoch in range(config["epochs"]):
-        if isinstance(loader.sampler, DistributedSampler):
-            loader.sampler.set_epoch(epoch)  # prepare_data_loader does not do this for you
-        model.train()
-        total = torch.zeros(2, device=ray.train.torch.get_device())  # [loss sum, examples] on this rank; NCCL reduces GPU tensors only
-        for images, labels in loader:
-            loss = criterion(model(images), labels)
-            optimizer.zero_grad()
-            loss.backward()  # DDP averages the gradients across workers here
-            optimizer.step()
-            total += torch.tensor([loss.item() * len(labels), len(labels)], device=total.device)
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(total)  # the epoch's loss over all workers, not just this one
-        save_checkpoint_and_report(model, {"epoch": epoch, "loss": (total[0] / total[1]).item(),
-                                           "node_ids": node_ids})
+
+def scaling_config_for(choice: dict) -> ScalingConfig:
+    """The ScalingConfig for {"num_workers": int, "use_gpu": bool, "cpus_per_worker": float}:
+    the notebook's Exercise 1."""
+    # YOUR CODE HERE (the notebook's exercise: finish it there, then copy it here)
+    raise NotImplementedError()
+
+
+def build_trainer(train_func, scaling_config: ScalingConfig, storage_path: str, name: str,
+                  train_loop_config: dict, num_to_keep: int | None, score_attribute: str,
+                  score_order: str) -> TorchTrainer:
+    """A TorchTrainer for train_func (not started): the notebook's Exercise 3."""
+    # YOUR CODE HERE (the notebook's exercise: finish it there, then copy it here)
+    raise NotImplementedError()
 
 
 def load_model(checkpoint: Checkpoint, model_name: str = "resnet18") -> torch.nn.Module:
@@ -112,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = rt.sizes
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--num-workers", type=int, default=rt.default_workers)
+    p.add_argument("--cpus-per-worker", type=float, default=1.0)
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=rt.use_gpu,
                    help="one GPU per worker (default: yes where this machine or cluster has GPUs)")
@@ -120,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke-test", action="store_true", help="tiny data, 2 epochs")
     p.add_argument("--placement-strategy", default="PACK", choices=PLACEMENT_STRATEGIES,
                    help="how workers spread over a cluster's nodes (STRICT_SPREAD: one per node)")
+    p.add_argument("--keep", type=int, default=None, help="checkpoints to keep, lowest loss first (default: all)")
     p.add_argument("--name", default=None, help="run name under the storage path")
     p.add_argument("--metrics-out", default=None, help="write the run's figures as JSON here")
     args = p.parse_args(argv)
@@ -133,26 +113,32 @@ def main(argv: list[str] | None = None) -> int:
         "train_samples": sizes["train_samples"],
         "lr": args.lr,
         "model": "resnet18",
+        "optimizer": "adam",
+        "seed": 0,
     }
+    choice = dict(num_workers=args.num_workers, use_gpu=args.use_gpu, cpus_per_worker=args.cpus_per_worker)
+
+    def check() -> None:  # raises ScalingError, with the reason, for a choice the cluster cannot run
+        make_scaling_config(args.num_workers, args.use_gpu, args.cpus_per_worker,
+                            global_batch_size=config["global_batch_size"], placement_strategy=args.placement_strategy)
+
     try:
         if rt.ray_address is None:  # a local machine: refuse an impossible choice before starting Ray
-            make_scaling_config(args.num_workers, args.use_gpu, global_batch_size=config["global_batch_size"],
-                                placement_strategy=args.placement_strategy)
+            check()
         init_ray(rt)
-        scaling_config = make_scaling_config(args.num_workers, args.use_gpu,  # the cluster's resources
-                                             global_batch_size=config["global_batch_size"],
-                                             placement_strategy=args.placement_strategy)
+        check()  # against the cluster's resources
     except ScalingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    scaling_config = dataclasses.replace(scaling_config_for(choice), placement_strategy=args.placement_strategy)
     load_digits(train=True, download=True)  # the driver downloads MNIST once, if it can
     name = args.name or f"train-ray-ddp-{time.strftime('%Y%m%d-%H%M%S')}"
-    trainer = TorchTrainer(train_func, train_loop_config=config, scaling_config=scaling_config,
-                           run_config=RunConfig(storage_path=storage_path(rt), name=name))
+    trainer = build_trainer(train_func, scaling_config, storage_path(rt), name, config,
+                            num_to_keep=args.keep, score_attribute="loss", score_order="min")
     start = time.perf_counter()
     result = trainer.fit()
     wall = time.perf_counter() - start
-    df = result.metrics_dataframe
+    df = result.metrics_dataframe.sort_values("epoch")
     print(df[["epoch", "loss"]].to_string(index=False))
     test = load_digits(train=False, limit=sizes["test_samples"], quiet=True)
     acc = accuracy(load_model(result.checkpoint), test.tensors, test.labels)
