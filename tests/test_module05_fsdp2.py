@@ -86,3 +86,35 @@ def test_vit_builder_follows_the_runtime_sizes(monkeypatch):
     with pytest.raises(ValueError, match="patch size"):
         ViT(patch=5)
     assert ViT(**SHAPE)(BATCH[0][:3]).shape == (3, 10)
+
+
+def _unit_options(rank, world_size):
+    """What module 05's grader reads from FSDP2's internal state: the options each fully_shard unit was built with."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (world_size,))
+    plain, tuned = ViT(**SHAPE), ViT(**SHAPE)
+    for block in plain.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(plain, mesh=mesh)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in tuned.blocks:
+        fully_shard(block, mesh=mesh, reshard_after_forward=False, mp_policy=policy)
+    fully_shard(tuned, mesh=mesh, mp_policy=policy)
+
+    def options(unit):
+        group = unit._get_fsdp_state()._fsdp_param_group
+        return group.mp_policy.param_dtype, group.post_forward_mesh_info is not None
+
+    return ([options(b) for b in plain.blocks], options(plain), [options(b) for b in tuned.blocks], options(tuned),
+            tuned(BATCH[0][:2]).dtype)
+
+
+def test_fsdp2_state_shows_each_units_options():
+    # the module 05 notebook's hidden test for Exercise 1 relies on these private attributes (torch 2.14)
+    plain_blocks, plain_root, tuned_blocks, tuned_root, logits_dtype = run_distributed(_unit_options, 2)[0]
+    assert plain_blocks == [(None, True)] * 2 and plain_root == (None, True)
+    assert tuned_blocks == [(torch.bfloat16, False)] * 2 and tuned_root == (torch.bfloat16, True)
+    assert logits_dtype == torch.bfloat16

@@ -1,25 +1,216 @@
-"""Realistic mistakes in module 05 (grade_id -> what a student might write)."""
+"""Realistic mistakes in module 05 (grade_id -> what a student might write), and right answers written differently.
+
+Every wrong answer below must lose all the points of its exercise's test cell; every RIGHT answer must keep them.
+"""
 WRONG = {
     # shards only the root: the whole model becomes one unit, gathered at once (no peak-memory saving)
-    "setup_model_and_optimizer": (
-        "def setup_model_and_optimizer(config, mesh, **fsdp_kwargs):\n"
+    "setup_fsdp": (
+        "def setup_fsdp(config, device, **fsdp_kwargs):\n"
+        "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
         "    model = build_vit_from(config)\n"
         "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
         "    optimizer = torch.optim.AdamW(model.parameters(), lr=config['lr'])\n"
         "    return model, optimizer\n"),
-    # forgets that Adam keeps two moments per parameter
-    "predict_rank_bytes": (
-        "def predict_rank_bytes(num_params, world_size, strategy):\n"
-        "    values = num_params if strategy == 'ddp' else math.ceil(num_params / world_size)\n"
-        "    return {'params': 4 * values, 'grads': 4 * values, 'optimizer': 4 * values}\n"),
-    # the DDP habit: only rank 0 saves (with DCP, a collective) and reports a checkpoint
+    # the DDP habit: every rank saves its shards (dcp.save is a collective), but only rank 0 reports a
+    # checkpoint, so Ray Train's storage gets rank 0's shard and the metadata only
     "save_and_report": (
         "def save_and_report(model, optimizer, metrics, directory):\n"
+        "    model_state, optim_state = get_state_dict(model, optimizer)\n"
+        "    dcp.save({'model': model_state, 'optimizer': optim_state, 'epoch': metrics['epoch']},\n"
+        "             checkpoint_id=directory)\n"
         "    if ray.train.get_context().get_world_rank() == 0:\n"
-        "        model_state, optim_state = get_state_dict(model, optimizer)\n"
-        "        dcp.save({'model': model_state, 'optimizer': optim_state, 'epoch': metrics['epoch']},\n"
-        "                 checkpoint_id=directory)\n"
         "        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(directory))\n"
         "    else:\n"
         "        ray.train.report(metrics, checkpoint=None)\n"),
+    # restores everything but returns the saved epoch: the run trains that epoch twice
+    "restore_checkpoint": (
+        "def restore_checkpoint(model, optimizer, checkpoint):\n"
+        "    model_state, optim_state = get_state_dict(model, optimizer)\n"
+        "    state = {'model': model_state, 'optimizer': optim_state, 'epoch': 0}\n"
+        "    with checkpoint.as_directory() as d:\n"
+        "        dcp.load(state, checkpoint_id=d)\n"
+        "    set_state_dict(model, optimizer, model_state_dict=state['model'], optim_state_dict=state['optimizer'])\n"
+        "    return state['epoch']\n"),
+    # every rank writes the file: with cpu_offload the other ranks hold an empty dict, and on shared storage
+    # they overwrite rank 0's file
+    "export_full_state_dict": (
+        "def export_full_state_dict(model, directory):\n"
+        "    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))\n"
+        "    torch.save(state, os.path.join(directory, 'model_full.pt'))\n"),
+}
+
+MORE_WRONG = [
+    {
+        # the optimizer is built before fully_shard: it holds the replaced parameters, the model never learns
+        "setup_fsdp": (
+            "def setup_fsdp(config, device, **fsdp_kwargs):\n"
+            "    model = build_vit_from(config)\n"
+            "    optimizer = torch.optim.AdamW(model.parameters(), lr=config['lr'])\n"
+            "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
+            "    for block in model.blocks:\n"
+            "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
+            "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
+            "    return model, optimizer\n"),
+        # the DDP way on every rank: torch.save of the sharded state_dict, no DCP files or metadata
+        "save_and_report": (
+            "def save_and_report(model, optimizer, metrics, directory):\n"
+            "    torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict(),\n"
+            "                'epoch': metrics['epoch']}, os.path.join(directory, 'checkpoint.pt'))\n"
+            "    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(directory))\n"),
+        # restores the model only (dcp.load fills its sharded parameters in place): the optimizer keeps the new
+        # run's state
+        "restore_checkpoint": (
+            "def restore_checkpoint(model, optimizer, checkpoint):\n"
+            "    state = {'model': get_model_state_dict(model), 'epoch': 0}\n"
+            "    with checkpoint.as_directory() as d:\n"
+            "        dcp.load(state, checkpoint_id=d)\n"
+            "    return state['epoch'] + 1\n"),
+        # rank 0 saves its own sharded state_dict (DTensor shards) without gathering
+        "export_full_state_dict": (
+            "def export_full_state_dict(model, directory):\n"
+            "    if dist.get_rank() == 0:\n"
+            "        torch.save(model.state_dict(), os.path.join(directory, 'model_full.pt'))\n"),
+    },
+    {
+        # the options go to the root only: the blocks keep the defaults (fp32, resharded after forward)
+        "setup_fsdp": (
+            "def setup_fsdp(config, device, **fsdp_kwargs):\n"
+            "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
+            "    model = build_vit_from(config)\n"
+            "    for block in model.blocks:\n"
+            "        fully_shard(block, mesh=mesh)\n"
+            "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
+            "    return model, torch.optim.AdamW(model.parameters(), lr=config['lr'])\n"),
+        # saves the model only: the optimizer's state is lost
+        "save_and_report": (
+            "def save_and_report(model, optimizer, metrics, directory):\n"
+            "    dcp.save({'model': get_model_state_dict(model), 'epoch': metrics['epoch']}, checkpoint_id=directory)\n"
+            "    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(directory))\n"),
+        # loads into empty dicts: DCP fills only the keys it is given, so nothing reaches the model
+        "restore_checkpoint": (
+            "def restore_checkpoint(model, optimizer, checkpoint):\n"
+            "    state = {'model': {}, 'optimizer': {}, 'epoch': 0}\n"
+            "    with checkpoint.as_directory() as d:\n"
+            "        dcp.load(state, checkpoint_id=d)\n"
+            "    return state['epoch'] + 1\n"),
+        # "rank 0" taken as the local rank: one file per node (ranks 0 and 2)
+        "export_full_state_dict": (
+            "def export_full_state_dict(model, directory):\n"
+            "    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))\n"
+            "    if int(os.environ.get('LOCAL_RANK', 0)) == 0:\n"
+            "        torch.save(state, os.path.join(directory, 'model_full.pt'))\n"),
+    },
+    {
+        # the workshop's mistake: a CUDA mesh written into the code (fails on every CPU worker)
+        "setup_fsdp": (
+            "def setup_fsdp(config, device, **fsdp_kwargs):\n"
+            "    mesh = init_device_mesh('cuda', (dist.get_world_size(),))\n"
+            "    model = build_vit_from(config)\n"
+            "    for block in model.blocks:\n"
+            "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
+            "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
+            "    return model, torch.optim.AdamW(model.parameters(), lr=config['lr'])\n"),
+        # only rank 0 saves (DCP is a collective: the others never join) and reports
+        "save_and_report": (
+            "def save_and_report(model, optimizer, metrics, directory):\n"
+            "    if ray.train.get_context().get_world_rank() == 0:\n"
+            "        model_state, optim_state = get_state_dict(model, optimizer)\n"
+            "        dcp.save({'model': model_state, 'optimizer': optim_state, 'epoch': metrics['epoch']},\n"
+            "                 checkpoint_id=directory)\n"
+            "        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(directory))\n"
+            "    else:\n"
+            "        ray.train.report(metrics, checkpoint=None)\n"),
+        # the gather without cpu_offload and full_state_dict: the sharded DTensors end up in the file
+        "export_full_state_dict": (
+            "def export_full_state_dict(model, directory):\n"
+            "    state = get_model_state_dict(model)\n"
+            "    if dist.get_rank() == 0:\n"
+            "        torch.save(state, os.path.join(directory, 'model_full.pt'))\n"),
+    },
+    {
+        # a CPU mesh written into the code: passes on this machine, fails on every GPU worker
+        "setup_fsdp": (
+            "def setup_fsdp(config, device, **fsdp_kwargs):\n"
+            "    mesh = init_device_mesh('cpu', (dist.get_world_size(),))\n"
+            "    model = build_vit_from(config)\n"
+            "    for block in model.blocks:\n"
+            "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
+            "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
+            "    return model, torch.optim.AdamW(model.parameters(), lr=config['lr'])\n"),
+        # only rank 0 gathers: the other ranks never join the collective (rank 0 waits for them)
+        "export_full_state_dict": (
+            "def export_full_state_dict(model, directory):\n"
+            "    if dist.get_rank() == 0:\n"
+            "        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))\n"
+            "        torch.save(state, os.path.join(directory, 'model_full.pt'))\n"),
+    },
+    {
+        # the mesh over this node's workers only (local world size): 2 ranks of a 4-rank job
+        "setup_fsdp": (
+            "def setup_fsdp(config, device, **fsdp_kwargs):\n"
+            "    local = ray.train.get_context().get_local_world_size()\n"
+            "    mesh = init_device_mesh(device.type, (local,))\n"
+            "    model = build_vit_from(config)\n"
+            "    for block in model.blocks:\n"
+            "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
+            "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
+            "    return model, torch.optim.AdamW(model.parameters(), lr=config['lr'])\n"),
+    },
+    {
+        # the options go to the blocks only: the root (patch embedding, head) computes in fp32
+        "setup_fsdp": (
+            "def setup_fsdp(config, device, **fsdp_kwargs):\n"
+            "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
+            "    model = build_vit_from(config)\n"
+            "    for block in model.blocks:\n"
+            "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
+            "    fully_shard(model, mesh=mesh)\n"
+            "    return model, torch.optim.AdamW(model.parameters(), lr=config['lr'])\n"),
+    },
+]
+
+RIGHT = {
+    # Ray Train's context for the world size, keyword arguments, the model built on the device first
+    # (fully_shard would move it anyway), the blocks by index, weight decay and betas of its own
+    "setup_fsdp": (
+        "def setup_fsdp(config, device, **fsdp_kwargs):\n"
+        "    world = ray.train.get_context().get_world_size()\n"
+        "    mesh = init_device_mesh(device_type=device.type, mesh_shape=(world,))\n"
+        "    model = build_vit_from(config).to(device)\n"
+        "    for i in range(len(model.blocks)):\n"
+        "        fully_shard(model.blocks[i], mesh=mesh, **fsdp_kwargs)\n"
+        "    model = fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
+        "    params = [p for p in model.parameters() if p.requires_grad]\n"
+        "    optimizer = torch.optim.AdamW(params, lr=config['lr'], weight_decay=0.01)\n"
+        "    return model, optimizer\n"),
+    # the model's and the optimizer's state dicts fetched separately, Ray's rank from the context
+    "save_and_report": (
+        "def save_and_report(model, optimizer, metrics, directory):\n"
+        "    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict\n"
+        "    state = {'model': get_model_state_dict(model),\n"
+        "             'optimizer': get_optimizer_state_dict(model, optimizer),\n"
+        "             'epoch': int(metrics['epoch'])}\n"
+        "    torch.distributed.checkpoint.save(state_dict=state, checkpoint_id=directory)\n"
+        "    checkpoint = ray.train.Checkpoint.from_directory(directory)\n"
+        "    ray.train.report(metrics=metrics, checkpoint=checkpoint)\n"),
+    # the path of the checkpoint directly, the model's and optimizer's setters separately
+    "restore_checkpoint": (
+        "def restore_checkpoint(model, optimizer, checkpoint):\n"
+        "    from torch.distributed.checkpoint.state_dict import (\n"
+        "        get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict)\n"
+        "    state = {'model': get_model_state_dict(model),\n"
+        "             'optimizer': get_optimizer_state_dict(model, optimizer), 'epoch': -100}\n"
+        "    with checkpoint.as_directory() as checkpoint_dir:\n"
+        "        dcp.load(state_dict=state, checkpoint_id=checkpoint_dir)\n"
+        "    set_model_state_dict(model, state['model'])\n"
+        "    set_optimizer_state_dict(model, optimizer, state['optimizer'])\n"
+        "    return int(state['epoch']) + 1\n"),
+    # Ray Train's world rank, pathlib, a full state dict on every rank (no cpu_offload): right, only heavier
+    "export_full_state_dict": (
+        "def export_full_state_dict(model, directory):\n"
+        "    from pathlib import Path\n"
+        "    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))\n"
+        "    state = {k: v.cpu() for k, v in state.items()}\n"
+        "    if ray.train.get_context().get_world_rank() == 0:\n"
+        "        torch.save(state, Path(directory) / 'model_full.pt')\n"),
 }
