@@ -24,7 +24,7 @@ def sharded_epochs(dataset, batch_size, epochs, seed=0):
     ### BEGIN SOLUTION
     sampler = DistributedSampler(dataset, seed=seed)   # rank and world size: from the process group
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
-    for epoch in range(epochs):
+    for epoch in range(epochs):   # one loader, reshuffled at the start of each epoch
         sampler.set_epoch(epoch)   # a new permutation every epoch, the same on every rank
         yield epoch, loader
     ### END SOLUTION
