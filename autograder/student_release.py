@@ -52,7 +52,7 @@ GENERIC = {
     "optimizer.zero_grad()", "loss.backward()", "optimizer.step()", "model.train()", "model.eval()",
     "loss = criterion(model(images), labels)", "criterion = torch.nn.CrossEntropyLoss()",
     "for images, labels in loader:", "with torch.no_grad():", "for epoch in range(config[\"epochs\"]):",
-    "with tempfile.TemporaryDirectory() as tmp:", "model.load_state_dict(state)",
+    "with tempfile.TemporaryDirectory() as tmp:", "model.load_state_dict(state)", "for epoch in range(epochs):",
 }
 ANSWER_MIN = 20   # answer lines longer than this many characters count
 
