@@ -219,7 +219,8 @@ def test_binder_uses_cpu_torch_of_the_pinned_versions_and_otherwise_the_same_req
 
 def test_binder_registers_the_course_kernel_and_starts_in_binder_mode():
     post = (BINDER / "postBuild").read_text()
-    assert "--name ray-train-course" in post and "pip install" in post and "-e ." in post
+    # the course kernel and the Validate button's settings (coursekit/jupyter_setup.py, KERNEL)
+    assert "coursekit.jupyter_setup --sys-prefix" in post and "pip install" in post and "-e ." in post
     import nbformat
     nb = nbformat.read(next((REPO / "course").glob("*/*.ipynb")), as_version=4)
     assert nb.metadata["kernelspec"]["name"] == "ray-train-course"
