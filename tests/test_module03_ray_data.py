@@ -92,3 +92,71 @@ def test_impossible_plans_are_refused_with_a_clear_message(args, message):
     proc = subprocess.run([PY, "train_ray_ddp_with_ray_data.py", "--smoke-test", *args], cwd=SCRIPT_DIR,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+
+
+def test_released_script_leaves_the_exercises_to_the_student():
+    """course/ gets the script with the code of exercises 2-4 replaced by stubs (autograder/release.py)."""
+    from autograder.release import strip_script
+
+    solution = (SCRIPT_DIR / "train_ray_ddp_with_ray_data.py").read_text()
+    released = strip_script(solution)
+    assert (REPO / "course" / "03_ray_data" / "train_ray_ddp_with_ray_data.py").read_text() == released, \
+        "course/ is stale: python -m autograder.release --module 03_ray_data"
+    assert solution.count("### BEGIN SOLUTION") == released.count("raise NotImplementedError()") == 4
+    for answer in ('shard = ray.train.get_dataset_shard("train")', "iter_torch_batches(batch_size=per_worker_batch)",
+                   "map_batches(preprocess_synthetic", 'datasets={"train": train_ds}', "dataset_config=data_plan"):
+        assert answer in solution and answer not in released, answer
+    compile(released, "train_ray_ddp_with_ray_data.py", "exec")
+
+
+SHARD_SERVER_CHECK = r'''
+import numpy as np, ray, ray.data, ray.train
+import coursekit
+from coursekit.distributed import run_distributed
+from coursekit.raydata import NO_RAY_HERE, ShardServer, local_ray_options, served_dataset_shards
+from coursekit.raysetup import init_ray
+
+init_ray(coursekit.detect(), **local_ray_options(80))
+ray.data.DataContext.get_current().enable_progress_bars = False
+ds = ray.data.from_items([{"id": i, "x": float(i)} for i in range(23)])
+
+def rank_fn(rank, world_size, address, mode):
+    with served_dataset_shards(address, rank):
+        shard = ray.train.get_dataset_shard("train")
+        if mode == "read":
+            epochs = [[b["id"].tolist() for b in shard.iter_torch_batches(batch_size=2)] for _ in range(2)]
+            try:
+                ray.train.get_dataset_shard("val")
+            except KeyError as e:
+                missing = str(e)
+            return epochs, missing
+        try:   # Ray itself is out of reach on a rank: a clear error, not a hang
+            ds.take_batch(1)
+        except RuntimeError as e:
+            return str(e)
+
+for split in ("streaming", "materialized"):
+    with ShardServer({"train": ds}, 4, split=split) as server:
+        out = run_distributed(rank_fn, 4, server.address, "read", timeout_s=60)
+    for e in range(2):
+        ids = [sum(out[r][0][e], []) for r in range(4)]
+        assert all(len(i) == 5 for i in ids), ids                      # 23 // 4, equal=True
+        assert len(set(sum(ids, []))) == 20, ids                       # disjoint
+        assert all(server.epochs[r][e]["id"].tolist() == ids[r] for r in range(4))
+        assert all(sizes == [2, 2, 1] for r in range(4) for sizes in server.batch_sizes[r])
+    assert server.requests[0] == [("train", "iter_torch_batches", {"batch_size": 2})] * 2
+    assert "no dataset named 'val'" in out[0][1]
+with ShardServer({"train": ds}, 2) as server:
+    errors = run_distributed(rank_fn, 2, server.address, "ray", timeout_s=60)
+assert all(NO_RAY_HERE in e for e in errors), errors
+print("OK")
+'''
+
+
+@pytest.mark.slow
+def test_shard_server_serves_real_splits_to_forked_ranks(tmp_path):
+    """The stand-in for get_dataset_shard in module 03's checks: real Ray Data splits, served to gloo ranks."""
+    script = tmp_path / "check.py"
+    script.write_text(SHARD_SERVER_CHECK)
+    proc = subprocess.run([PY, str(script)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), (proc.stdout + proc.stderr)[-4000:]

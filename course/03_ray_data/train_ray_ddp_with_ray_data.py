@@ -11,6 +11,14 @@ normalisation) and streams the small tensors into the training workers; nothing
 holds the whole data set, so it may be many times larger than the object store.
 Compare it with ../02_ray_train/train_ray_ddp.py: the DataLoader and
 DistributedSampler are gone, ``datasets=`` and ``get_dataset_shard`` replace them.
+
+Finishing this script is part of module 03: the four places marked ``# YOUR CODE HERE`` (they
+raise NotImplementedError until you fill them in) are the code of the notebook's exercises 2-4
+for this data: the ``map_batches`` step with its resources (here the function is
+``preprocess_synthetic``, the tasks reserve ``data_plan.map_num_cpus`` CPU each, at most
+``data_plan.map_concurrency`` at once), the trainer's ``datasets=`` and data config
+(``data_plan.data_config()`` holds Ray Data's limits), and in ``train_func`` the worker's shard
+and, every epoch, its batches.
 """
 from __future__ import annotations
 
@@ -49,15 +57,20 @@ def train_func(config: dict) -> None:
     model = ray.train.torch.prepare_model(build_model(config["model"]))
     optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
     criterion = torch.nn.CrossEntropyLoss()
-    shard = ray.train.get_dataset_shard("train")  # this worker's part of the stream
-    per_worker_batch = config["global_batch_size"] // world_size
+    # this worker's shard of the "train" dataset (name it `shard`), and the per-worker batch size
+    # YOUR CODE HERE (the notebook's exercise: finish it there, then copy it here)
+    raise NotImplementedError()
 
-    for epoch in range(config["epochs"]):
+    epochs = config["epochs"]
+    for epoch in range(epochs):
         model.train()
         total = torch.zeros(2, device=ray.train.torch.get_device())  # NCCL reduces GPU tensors only
         ids = []
         start = time.perf_counter()
-        for batch in shard.iter_torch_batches(batch_size=per_worker_batch):  # float32 images, int64 labels
+        # this epoch's batches of the shard, as torch tensors (name them `batches`)
+        # YOUR CODE HERE (the notebook's exercise: finish it there, then copy it here)
+        raise NotImplementedError()
+        for batch in batches:
             loss = criterion(model(batch["image"]), batch["label"])
             optimizer.zero_grad()
             loss.backward()
@@ -68,7 +81,7 @@ def train_func(config: dict) -> None:
         ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
         rows_by_rank = [len(ids)]
         all_ids = [ids]
-        if dist.is_available() and dist.is_initialized():
+        if dist.is_initialized():  # Ray Train made a process group: sum over all workers
             dist.all_reduce(total)
             all_ids = [None] * world_size
             dist.all_gather_object(all_ids, ids)
@@ -135,22 +148,25 @@ def main(argv: list[str] | None = None) -> int:
     configure_ray_data(data_plan)
     scaling_config = make_scaling_config(args.num_workers, args.use_gpu, data_plan.cpus_per_worker, global_batch)
 
-    # Generated and preprocessed on Ray Data's CPU tasks, as the training workers ask for data
-    tasks = ray.data.TaskPoolStrategy(size=data_plan.map_concurrency)
+    # Generated and preprocessed on Ray Data's CPU tasks, as the training workers ask for data.
     # The generating ("reading") tasks reserve half the CPU of the preprocessing tasks, so Ray Data keeps them
     # as two operators (equal resources would fuse them into one task) and every raw block passes through the
     # object store: the data streamed through the store is --data-size-gb.
-    train_ds = synthetic_dataset(size_bytes=size_gb * 1e9, num_cpus=data_plan.map_num_cpus / 2,
-                                 concurrency=data_plan.map_concurrency)
-    train_ds = train_ds.map_batches(preprocess_synthetic, batch_format="numpy",
-                                    num_cpus=data_plan.map_num_cpus, compute=tasks)
+    raw_ds = synthetic_dataset(size_bytes=size_gb * 1e9, num_cpus=data_plan.map_num_cpus / 2,
+                               concurrency=data_plan.map_concurrency)
+    # the preprocessing step (name the result `train_ds`): preprocess_synthetic on Ray Data's CPU tasks,
+    # resources from data_plan
+    # YOUR CODE HERE (the notebook's exercise: finish it there, then copy it here)
+    raise NotImplementedError()
     num_rows = synthetic_rows(size_gb * 1e9)  # known without running the pipeline (count() would run it)
     print(f"data: {num_rows} synthetic rows = {size_gb:g} GB raw, streamed")
     config = {"epochs": epochs, "global_batch_size": global_batch, "lr": args.lr, "model": "small_cnn"}
     name = args.name or f"train-ray-data-{time.strftime('%Y%m%d-%H%M%S')}"
-    trainer = TorchTrainer(train_func, train_loop_config=config, scaling_config=scaling_config,
-                           datasets={"train": train_ds}, dataset_config=data_plan.data_config(),
-                           run_config=RunConfig(storage_path=storage_path(rt), name=name))
+    run_config = RunConfig(storage_path=storage_path(rt), name=name)
+    # the trainer (name it `trainer`): train_func with config, scaling_config and run_config, fed train_ds
+    # under Ray Data's limits
+    # YOUR CODE HERE (the notebook's exercise: finish it there, then copy it here)
+    raise NotImplementedError()
     start = time.perf_counter()
     with ObjectStoreMonitor() as store:
         result = trainer.fit()
