@@ -53,6 +53,7 @@ GENERIC = {
     "loss = criterion(model(images), labels)", "criterion = torch.nn.CrossEntropyLoss()",
     "for images, labels in loader:", "with torch.no_grad():", "for epoch in range(config[\"epochs\"]):",
     "with tempfile.TemporaryDirectory() as tmp:", "model.load_state_dict(state)", "for epoch in range(epochs):",
+    "torch.manual_seed(config[\"seed\"])", "ray.train.report(metrics, checkpoint=checkpoint)",
 }
 ANSWER_MIN = 20   # answer lines longer than this many characters count
 

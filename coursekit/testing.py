@@ -62,6 +62,11 @@ def simulated_worker(rank: int = 0, world_size: int = 1, local_world_size: int |
     )
 
     def report(metrics, checkpoint=None, **_):
+        from ray.air._internal.torch_utils import contains_tensor
+
+        if contains_tensor(metrics):   # what the real ray.train.report does (Train V2's context)
+            raise ValueError("Passing objects containing Torch tensors as metrics is not supported: "
+                             "report Python numbers (.item()) and put tensors in the checkpoint")
         files = None
         if checkpoint is not None:
             with checkpoint.as_directory() as d:  # copy now: the student's temp dir vanishes

@@ -144,3 +144,11 @@ def test_check_concept_explains_right_and_wrong_answers(capsys):
         check_concept("a", "b", "because")
     with pytest.raises(AssertionError):
         check_concept("a", "a c", "all of them")
+
+
+def test_simulated_report_refuses_tensor_metrics_like_ray_train():
+    import ray.train
+
+    with simulated_worker(0, 1):
+        with pytest.raises(ValueError, match="tensors"):
+            ray.train.report({"loss": torch.tensor(1.0)})
