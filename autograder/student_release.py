@@ -54,6 +54,7 @@ GENERIC = {
     "for images, labels in loader:", "with torch.no_grad():", "for epoch in range(config[\"epochs\"]):",
     "with tempfile.TemporaryDirectory() as tmp:", "model.load_state_dict(state)", "for epoch in range(epochs):",
     "torch.manual_seed(config[\"seed\"])", "ray.train.report(metrics, checkpoint=checkpoint)",
+    "if dist.is_available() and dist.is_initialized():",
 }
 ANSWER_MIN = 20   # answer lines longer than this many characters count
 
