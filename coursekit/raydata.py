@@ -588,16 +588,16 @@ class ShardServer:
                         columns.append(cols)
                         if cols:
                             sizes.append(len(next(iter(cols.values()))))
-                        conn.send(("item", item))
+                        _send(conn, ("item", item))
                     if columns and all(c is not None for c in columns):
                         self.epochs[rank].append({k: np.concatenate([c[k] for c in columns]) for k in columns[0]})
                     else:
                         self.epochs[rank].append(None)
                     self.batch_sizes[rank].append(sizes)
-                    conn.send(("end", None))
+                    _send(conn, ("end", None))
                 except Exception as e:  # the rank gets the error, as if its own call had raised it
                     self.errors.append(traceback.format_exc())
-                    conn.send(("error", e if _picklable(e) else RuntimeError(repr(e))))
+                    _send(conn, ("error", e if _picklable(e) else RuntimeError(repr(e))))
         except (EOFError, OSError):
             return
         finally:
@@ -612,6 +612,20 @@ class ShardServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _send(conn, message) -> None:
+    """Plain pickle bytes: Connection.send would share torch tensors through file descriptors and
+    a helper thread per tensor (torch's multiprocessing reductions), slow for many small batches."""
+    import pickle
+
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _recv(conn):
+    import pickle
+
+    return pickle.loads(conn.recv_bytes())
 
 
 def _picklable(obj) -> bool:
@@ -637,7 +651,7 @@ class _ServedShard:
         done = False
         try:
             while True:
-                kind, value = self._conn.recv()
+                kind, value = _recv(self._conn)
                 if kind == "item":
                     yield value
                     continue
@@ -647,7 +661,7 @@ class _ServedShard:
                 return
         finally:
             while not done:  # stopped early: read the rest, so the next request starts clean
-                kind, _ = self._conn.recv()
+                kind, _ = _recv(self._conn)
                 done = kind != "item"
 
     def iter_torch_batches(self, **kwargs):
