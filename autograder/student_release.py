@@ -60,11 +60,12 @@ ANSWER_MIN = 20   # answer lines longer than this many characters count
 
 
 def _strip_regions(text: str) -> str:
+    """``text`` without its solution and hidden-test regions (an unclosed region runs to the end)."""
     for begin, end in (("### BEGIN SOLUTION", "### END SOLUTION"),
                        ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")):
         while begin in text:
-            chunk = text.split(begin, 1)[1].split(end, 1)[0]
-            text = text.replace(begin + chunk + end, "")
+            before, rest = text.split(begin, 1)
+            text = before + (rest.split(end, 1)[1] if end in rest else "")
     return text
 
 
