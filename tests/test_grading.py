@@ -5,7 +5,8 @@ who submitted the reference solution (full marks), one who submitted the
 untouched notebook (zero, and grading completes), students with realistic
 mistakes from tests/mistakes/<module>.py (``WRONG``: a mistake in every exercise, partial
 credit; ``MORE_WRONG``: one student per dict), each of whose wrong exercises must lose the
-points of its test cells, and one whose answers are right but written differently from the
+points of its test cells (a mistake written as ``(code, cells)`` may keep the points of
+``cells``, which check something it gets right), and one whose answers are right but written differently from the
 reference (``RIGHT``: full marks). A last student submitted only the first module.
 Each submission is graded in its own process (autograder/contain.py); the bad-submission corpus,
 reruns and input layouts are in test_grading_corpus.py.
@@ -40,13 +41,18 @@ def answers_file(module: str):
     return mod
 
 
-def wrong_students(module: str) -> dict[str, dict[str, str]]:
-    """student name -> that student's wrong answers (grade_id -> code)."""
+def wrong_students(module: str) -> dict[str, dict[str, tuple[str, tuple[str, ...]]]]:
+    """student name -> that student's wrong answers (grade_id -> (code, test cells it may keep)).
+
+    A mistake is written as its code, or as ``(code, cells)`` where ``cells`` are test cells of that
+    exercise that check something the mistake gets right (a pipeline without its resources still
+    yields the right rows): it keeps their points and must lose all the others."""
     mod = answers_file(module)
     students = {"partial": mod.WRONG}
     for i, wrong in enumerate(getattr(mod, "MORE_WRONG", [])):
         students[f"wrong{i + 1}"] = wrong
-    return students
+    return {student: {gid: (m, ()) if isinstance(m, str) else (m[0], tuple(m[1])) for gid, m in wrong.items()}
+            for student, wrong in students.items()}
 
 
 def cell_scores(out: Path, student: str, module: str) -> dict[str, tuple[float, float]]:
@@ -67,7 +73,7 @@ def graded(tmp_path_factory):
         write_submission(subs, "ada", module, reference)                     # the reference solution
         write_submission(subs, "blank", module, {})                          # untouched notebook
         for student, wrong in wrong_students(module).items():
-            write_submission(subs, student, module, {**reference, **wrong})
+            write_submission(subs, student, module, {**reference, **{gid: code for gid, (code, _) in wrong.items()}})
         right = getattr(answers_file(module), "RIGHT", None)
         if right:
             write_submission(subs, "right", module, {**reference, **right})
@@ -110,10 +116,13 @@ def test_each_realistic_mistake_loses_the_points_of_its_exercise(graded):
         for student, wrong in wrong_students(m).items():
             assert rows[(student, m)]["status"] == "graded", rows[(student, m)]
             cells = cell_scores(out, student, m)
-            for gid in wrong:
+            for gid, (_, may_keep) in wrong.items():
                 tests = {name: sc for name, sc in cells.items() if name.startswith(f"test_{gid}")}
                 assert tests, f"{m}: no test cell for {gid}"
-                kept = {name: sc for name, sc in tests.items() if sc[0] > 0}
+                assert set(may_keep) < set(tests), (
+                    f"{m}/{student}: {gid} may keep {may_keep}, but its test cells are {sorted(tests)}: "
+                    f"name existing cells, and leave at least one that the mistake must fail")
+                kept = {name: sc for name, sc in tests.items() if sc[0] > 0 and name not in may_keep}
                 assert not kept, (f"{m}/{student}: the mistake in {gid} kept points in {kept} "
                                   f"(tests/mistakes/{m}.py)")
 

@@ -31,6 +31,9 @@ def _train(batch_size_line: str, shard_line: str = "    shard = ray.train.get_da
     return before + _TRAIN_HEAD + batch_size_line + shard_line + loop
 
 
+# Pipelines whose rows are right and whose plan is wrong keep the rows check's point and lose the plan's.
+ROWS_RIGHT = ("test_build_train_dataset_rows",)
+
 WRONG = {
     # scales the pixels to [0, 1] but forgets the normalisation with mean/std 0.5
     "preprocess": (
@@ -43,7 +46,8 @@ WRONG = {
     "build_train_dataset": (
         "def build_train_dataset(parquet_dir, num_cpus, concurrency, batch_size):\n"
         "    ds = ray.data.read_parquet(parquet_dir)\n"
-        "    return ds.map_batches(preprocess, batch_format='numpy', batch_size=batch_size)\n"),
+        "    return ds.map_batches(preprocess, batch_format='numpy', batch_size=batch_size)\n",
+        ROWS_RIGHT),
     # hands the Dataset to the workers through train_loop_config instead of datasets=
     "make_trainer": (
         "def make_trainer(train_func, train_ds, train_loop_config, scaling_config, run_config, data_cpus):\n"
@@ -71,7 +75,8 @@ MORE_WRONG = [
             "    ds = ray.data.read_parquet(parquet_dir)\n"
             "    return ds.map_batches(preprocess, batch_format='numpy', batch_size=batch_size,\n"
             "                          num_cpus=plan.map_num_cpus,\n"
-            "                          compute=ray.data.TaskPoolStrategy(size=plan.map_concurrency))\n"),
+            "                          compute=ray.data.TaskPoolStrategy(size=plan.map_concurrency))\n",
+            ROWS_RIGHT),
         # names the dataset after the variable: the workers' get_dataset_shard('train') finds nothing
         "make_trainer": (
             "def make_trainer(train_func, train_ds, train_loop_config, scaling_config, run_config, data_cpus):\n"
@@ -96,7 +101,8 @@ MORE_WRONG = [
             "    ds = ray.data.read_parquet(parquet_dir)\n"
             "    ds = ds.map_batches(preprocess, batch_format='numpy', batch_size=batch_size, num_cpus=num_cpus,\n"
             "                        compute=ray.data.TaskPoolStrategy(size=concurrency))\n"
-            "    return ds.materialize()\n"),
+            "    return ds.materialize()\n",
+            ROWS_RIGHT),
         # forgets the data config: Ray Data is not limited to the CPUs left by the training workers
         "make_trainer": (
             "def make_trainer(train_func, train_ds, train_loop_config, scaling_config, run_config, data_cpus):\n"
@@ -114,7 +120,8 @@ MORE_WRONG = [
             "def build_train_dataset(parquet_dir, num_cpus, concurrency, batch_size):\n"
             "    ds = ray.data.read_parquet(parquet_dir, num_cpus=num_cpus)\n"
             "    return ds.map_batches(preprocess, batch_format='numpy', batch_size=batch_size,\n"
-            "                          compute=ray.data.TaskPoolStrategy(size=concurrency))\n"),
+            "                          compute=ray.data.TaskPoolStrategy(size=concurrency))\n",
+            ROWS_RIGHT),
         # the notebook's own plan instead of data_cpus: right here, wrong for any other cluster
         "make_trainer": (
             "def make_trainer(train_func, train_ds, train_loop_config, scaling_config, run_config, data_cpus):\n"
@@ -122,10 +129,12 @@ MORE_WRONG = [
             "                        run_config=run_config, datasets={'train': train_ds},\n"
             "                        dataset_config=plan.data_config())\n"),
         # the loss of this worker only (no all_reduce): each rank reports a different number
-        "train_func": _train(
+        # (the data and the model are right: it keeps the shard check's points)
+        "train_func": (_train(
             "    batch_size = config['global_batch_size'] // ctx.get_world_size()\n",
             loop=_TRAIN_LOOP.replace("        if dist.is_available() and dist.is_initialized():\n"
                                      "            dist.all_reduce(total)\n", "")),
+            ("test_train_func_shard",)),
     },
     {
         # preprocesses the (already preprocessed) batches again on the training workers
@@ -141,10 +150,12 @@ MORE_WRONG = [
     },
     {
         # drops the last, smaller batch of every epoch
-        "train_func": _train(
+        # (the losses it reports are right for the batches it used: it keeps the report check's point)
+        "train_func": (_train(
             "    batch_size = config['global_batch_size'] // ctx.get_world_size()\n",
             loop=_TRAIN_LOOP.replace("iter_torch_batches(batch_size=batch_size)",
                                      "iter_torch_batches(batch_size=batch_size, drop_last=True)")),
+            ("test_train_func_report",)),
     },
 ]
 
