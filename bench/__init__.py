@@ -10,7 +10,8 @@ Measures, in one run, what issue 9 asks for and writes ``results.json`` and ``RE
 5. ``grading``     seconds per submission per module (``autograder.benchmark``)
 6. ``memory``      per-rank model-state memory of DDP, FSDP2 and ZeRO 1-3 against ``coursekit.planner.predict``
 
-``--short`` runs the same code paths with the smallest settings (CI). Every measurement that
+``--short`` runs the same code paths with the smallest settings (CI): for ``notebooks``, a two-cell
+notebook instead of the course's (tests/test_notebooks.py runs those). Every measurement that
 starts Ray or torchrun runs in its own subprocess (``python -m bench.jobs SECTION``), so Ray
 always stops with it; a failing section is recorded with its error and the run goes on.
 """
