@@ -66,6 +66,23 @@ def test_every_strategy_trains_like_ddp_and_holds_the_predicted_memory(scripts):
     assert table["within"].all(), table.to_string()
 
 
+def _run_named(rank, world_size, script, config):
+    """What the notebook's ranks do: import the script by name (a spawned rank does not inherit it)."""
+    return _run(rank, world_size, importlib.import_module(script), config)
+
+
+@pytest.mark.slow
+def test_spawned_ranks_import_the_scripts_and_train_like_forked_ones(scripts, monkeypatch):
+    """The notebook's road on a GPU machine (a kernel that used CUDA cannot fork): spawned ranks, which find
+    the folder's scripts by name. (tests/test_notebooks.py runs the notebook with forked ranks.)"""
+    config = _config(scripts)
+    forked = run_distributed(_run_named, 2, "train_ray_ddp", config, timeout_s=300)
+    monkeypatch.setenv("COURSE_START_METHOD", "spawn")
+    spawned = run_distributed(_run_named, 2, "train_ray_ddp", config, timeout_s=300)
+    assert [r["reports"] for r in spawned] == [1, 1] and [r["checkpoints"] for r in spawned] == [1, 0]
+    assert spawned[0]["losses"] == pytest.approx(forked[0]["losses"], abs=1e-6)
+
+
 def test_single_process_baseline(scripts):
     result = scripts["train_single"].train(_config(scripts))
     assert result["world_size"] == 1 and len(result["losses"]) == 1
