@@ -65,11 +65,12 @@ def optimizer_state_bytes(optimizer) -> int:
     inner = getattr(optimizer, "optimizer", None)  # wrappers (e.g. DeepSpeed's) keep the real one here
     if not hasattr(optimizer, "state") and inner is not None:
         return optimizer_state_bytes(inner)
-    seen: set[int] = set()
+    seen: set[tuple[int, int]] = set()
     total = 0
     for t in _state_tensors(dict(optimizer.state)):
         local = local_tensor(t)
-        key = id(local) if local.numel() == 0 else local.data_ptr() + local.storage_offset()
+        # the same bytes seen again (one tensor under two names); data_ptr() already includes the view's offset
+        key = (id(local), 0) if local.numel() == 0 else (local.data_ptr(), local.numel() * local.element_size())
         if key in seen:
             continue
         seen.add(key)

@@ -27,6 +27,19 @@ def test_plain_model_counts_full_tensors_and_adam_state():
     assert count_params(model) == 18
 
 
+def test_optimizer_state_counts_shared_tensors_once_and_different_views_apart():
+    class State:  # an optimizer's state: a tensor kept under two names, and two views of one buffer
+        def __init__(self, state):
+            self.state = state
+
+    moment = torch.zeros(3)
+    assert optimizer_state_bytes(State({"a": {"exp_avg": moment, "again": moment}})) == 12
+    buffer = torch.zeros(6)
+    wide, narrow = buffer[2:3], buffer.view(torch.uint8)[5:6]   # bytes 8-11 and byte 5 of the buffer
+    # (the old key, data_ptr() + storage_offset(), gave both 10 past the buffer's start: one was not counted)
+    assert optimizer_state_bytes(State({"p": {"exp_avg": wide, "exp_avg_sq": narrow}})) == 4 + 1
+
+
 def test_optimizer_wrappers_and_partitioned_tensors():
     model = torch.nn.Linear(5, 3)
     optimizer = torch.optim.Adam(model.parameters())
