@@ -246,54 +246,6 @@ def local_ray_options(object_store_mib: float | None = None) -> dict:
     return options
 
 
-def import_in_background(*modules: str) -> threading.Thread:
-    """Import ``modules`` in a background thread; returns the (daemon) thread at once.
-
-    Meant for the seconds ``init_ray`` spends waiting for Ray's processes to start: this
-    process is idle then, and modules that later cells need (``torch._dynamo``, which DDP
-    imports on first use; scikit-learn, behind the course digits) load meanwhile. A later
-    ``import`` of the same module simply waits for this one to finish."""
-    import importlib
-
-    def run() -> None:
-        for name in modules:
-            try:
-                importlib.import_module(name)
-            except Exception:  # a missing optional module is the later import's business
-                pass
-
-    thread = threading.Thread(target=run, name="import-in-background", daemon=True)
-    thread.start()
-    return thread
-
-
-def _noop() -> None:
-    return None
-
-
-def warm_up_ray_data() -> threading.Thread:
-    """Run a tiny Ray Data pipeline in a background thread; returns the (daemon) thread at once.
-
-    Ray Data's first execution on a fresh Ray starts processes of its own: a worker for its tasks,
-    its statistics actor and the autoscaling coordinator, each a new Python process that imports
-    Ray (seconds on 2 CPUs). Started right after ``init_ray``, they come up while the notebook does
-    other work, instead of in front of the first pipeline you run."""
-    def run() -> None:
-        import ray
-        import ray.data
-
-        try:
-            # first one worker process (the first read_parquet's sampling task needs one), then the pipeline
-            ray.get(ray.remote(num_cpus=0.5)(_noop).remote())
-            ray.data.range(2, override_num_blocks=1).map_batches(lambda batch: batch, num_cpus=0.5).take_all()
-        except Exception:  # only a head start: the real pipelines report their own errors
-            pass
-
-    thread = threading.Thread(target=run, name="warm-up-ray-data", daemon=True)
-    thread.start()
-    return thread
-
-
 SMALL_CLUSTER_CPUS = 16   # below this, configure_ray_data picks Ray Data's task-based Parquet reader
 
 
