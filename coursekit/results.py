@@ -23,14 +23,14 @@ def record(name: str, value: Any) -> Any:
     return value
 
 
-def plot_curves(curves: dict[str, list[float]], xlabel: str = "epoch", title: str = "", ax=None):
-    """Line plot of one or more named curves (loss, accuracy) against the epoch or step."""
+def plot_curves(curves: dict[str, list[float]], xlabel: str = "epoch", title: str = "", ax=None, x=None):
+    """Line plot of one or more named curves (loss, accuracy) against the epoch or step (1, 2, ... or ``x``)."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.5))
     for label, ys in curves.items():
-        ax.plot(range(1, len(ys) + 1), ys, marker="o", label=label)
+        ax.plot(list(x) if x is not None else range(1, len(ys) + 1), ys, marker="o", label=label)
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -61,6 +61,78 @@ def _detect_platform(env: dict) -> str:
     return "local"
 
 
+# A cgroup limit at or above this is "no limit" (cgroup v1 writes 2**63 rounded down to a page).
+_UNLIMITED = 2**60
+
+
+def _read_number(path: Path) -> float | None:
+    try:
+        text = path.read_text().split()
+    except OSError:
+        return None
+    if not text or text[0] == "max":
+        return None
+    if path.name == "cpu.max":              # cgroup v2: "<quota> <period>" or "max <period>"
+        return int(text[0]) / int(text[1]) if len(text) > 1 else None
+    value = int(text[0])
+    return None if value < 0 or value >= _UNLIMITED else value
+
+
+def _limit(base: Path, group: str, *names: str) -> float | None:
+    """The tightest limit ``names`` set on ``group`` or any cgroup above it, under the mount ``base``.
+
+    A container sees its own cgroup as the mount's root, and the path in /proc/self/cgroup may then
+    not exist under the mount: both the group's folders and the root are read."""
+    folder = base / group.lstrip("/")
+    folders = [folder, *folder.parents] if folder.is_relative_to(base) else [base]
+    limits = []
+    for d in folders:
+        if not d.is_relative_to(base):
+            break
+        if len(names) == 2:                 # cgroup v1 CPU: quota / period
+            quota, period = _read_number(d / names[0]), _read_number(d / names[1])
+            value = quota / period if quota and period else None
+        else:
+            value = _read_number(d / names[0])
+        if value is not None:
+            limits.append(value)
+    return min(limits) if limits else None
+
+
+def cgroup_limits(sys_root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")
+                  ) -> tuple[float | None, int | None]:
+    """(CPUs, memory bytes) that this process's cgroups allow, None where unlimited or unknown.
+
+    Binder, Kubernetes pods (KubeRay) and Docker set these; the host's CPU and memory counts do not
+    show them. Reads cgroup v2 (``cpu.max``, ``memory.max``) and v1 (``cpu.cfs_quota_us`` /
+    ``cpu.cfs_period_us``, ``memory.limit_in_bytes``)."""
+    cpus = memory = None
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None, None
+    found: list[tuple[str, float | None]] = []
+    for line in lines:
+        _, controllers, group = line.split(":", 2)
+        if controllers == "":               # cgroup v2 (unified): at the root, or under "unified" in hybrid mode
+            base = sys_root if (sys_root / "cgroup.controllers").exists() else sys_root / "unified"
+            found += [("cpu", _limit(base, group, "cpu.max")), ("memory", _limit(base, group, "memory.max"))]
+        for controller in controllers.split(","):
+            if controller == "memory":
+                found.append(("memory", _limit(sys_root / "memory", group, "memory.limit_in_bytes")))
+            elif controller == "cpu":
+                base = next((sys_root / n for n in ("cpu", "cpu,cpuacct", "cpuacct,cpu")
+                             if (sys_root / n).is_dir()), sys_root / "cpu")
+                found.append(("cpu", _limit(base, group, "cpu.cfs_quota_us", "cpu.cfs_period_us")))
+    cpu_limits = [v for k, v in found if k == "cpu" and v is not None]
+    memory_limits = [v for k, v in found if k == "memory" and v is not None]
+    if cpu_limits:
+        cpus = min(cpu_limits)
+    if memory_limits:
+        memory = int(min(memory_limits))
+    return cpus, memory
+
+
 def _count_gpus() -> int:
     try:
         import torch
@@ -75,8 +147,10 @@ class Runtime:
     """Where the course is running, and the defaults that follow from it."""
 
     platform: str          # anyscale | binder | ci | local
-    num_cpus: int          # CPUs this machine (or the joined cluster) offers
-    num_gpus: int          # GPUs this machine (or the joined cluster) offers
+    # This machine (the driver's: the notebook's kernel or the script), within its container's limits.
+    # What Ray Train's workers get on a cluster is coursekit.scaling.worker_resources().
+    num_cpus: int          # CPUs this machine offers
+    num_gpus: int          # GPUs this machine has
     memory_gib: float      # memory of this machine
     size: str              # smoke | cpu | gpu
     storage_path: str      # Ray Train RunConfig(storage_path=...)
@@ -133,8 +207,14 @@ def detect(env: dict | None = None) -> Runtime:
         num_cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         pass
+    memory = psutil.virtual_memory().total
+    cpu_limit, memory_limit = cgroup_limits()
+    if cpu_limit:                 # a quota of 1.5 CPUs gives one worker's CPU, not two
+        num_cpus = max(1, min(num_cpus, int(cpu_limit)))
+    if memory_limit:
+        memory = min(memory, memory_limit)
     num_gpus = _count_gpus()
-    memory_gib = psutil.virtual_memory().total / 2**30
+    memory_gib = memory / 2**30
 
     size = env.get("COURSE_SIZE")
     if size is None:

@@ -8,6 +8,8 @@ values passed in (the notebook's parameters) are what you get.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from coursekit.runtime import Runtime, detect
 
 
@@ -15,18 +17,74 @@ class ScalingError(ValueError):
     """A ScalingConfig that cannot run on this cluster, with the reason in plain words."""
 
 
+def _autoscaler_limits() -> dict[str, int]:
+    """Most CPUs and GPUs the cluster's autoscaler may start (its node types x their max counts), or {}.
+
+    An autoscaling cluster (deploy/cluster.yaml, Anyscale, KubeRay with autoscaling) may run no GPU node
+    until a job asks for one: its current resources say 0 GPUs. Ray Data reads the same record."""
+    try:
+        from ray._private.state import state
+
+        limits = state.get_max_resources_from_cluster_config() or {}
+    except Exception:   # no autoscaler, or a Ray without this record
+        return {}
+    # a node type without a max count can grow without bound; count what is there now instead
+    return {k: int(v) for k, v in limits.items() if k in ("CPU", "GPU") and 0 < v < 1 << 31}
+
+
 def cluster_resources(runtime: Runtime | None = None) -> dict[str, int]:
-    """CPUs and GPUs of the Ray cluster we are connected to, else of this machine."""
+    """CPUs and GPUs Ray Train's workers can get: those of the Ray cluster we are connected to (with the
+    nodes its autoscaler may still add), else this machine's (what a local Ray is started with)."""
     try:
         import ray
 
         if ray.is_initialized():
             res = ray.cluster_resources()
-            return {"CPU": int(res.get("CPU", 0)), "GPU": int(res.get("GPU", 0))}
+            now = {"CPU": int(res.get("CPU", 0)), "GPU": int(res.get("GPU", 0))}
+            limits = _autoscaler_limits()
+            return {k: max(v, limits.get(k, 0)) for k, v in now.items()}
     except Exception:
         pass
     rt = runtime or detect()
     return {"CPU": rt.num_cpus, "GPU": rt.num_gpus}
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerResources:
+    """What Ray Train's workers can get, and the defaults that follow from it.
+
+    On a laptop that is this machine. On a cluster it is the worker nodes, not the driver's machine:
+    a head node often has no GPU (deploy/cluster.yaml, many Anyscale set-ups) while its workers do."""
+
+    cpus: int
+    gpus: int
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.gpus > 0
+
+    @property
+    def default_workers(self) -> int:
+        """One worker per GPU; two CPU workers where there are no GPUs (real distributed behaviour)."""
+        return self.gpus if self.use_gpu else 2
+
+    @property
+    def backend(self) -> str:
+        """What Ray Train's TorchConfig() picks for such workers: NCCL when each has a GPU, else gloo."""
+        return "nccl" if self.use_gpu else "gloo"
+
+
+def worker_resources(runtime: Runtime | None = None) -> WorkerResources:
+    """What Ray Train's workers can get. Where the runtime names a cluster (Anyscale, ``RAY_ADDRESS``) it is
+    joined first (``init_ray``) and asked; a local Ray is started with this machine's resources, so
+    until one runs this machine answers. The autograder never starts or joins Ray for this."""
+    rt = runtime or detect()
+    if rt.ray_address and not rt.grading:
+        from coursekit.raysetup import init_ray
+
+        init_ray(rt)
+    res = cluster_resources(rt)
+    return WorkerResources(cpus=res["CPU"], gpus=res["GPU"])
 
 
 def cluster_nodes() -> int:

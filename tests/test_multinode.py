@@ -14,6 +14,7 @@ process whose command line names one of our private temp dirs (Ray's worker proc
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -88,9 +89,10 @@ def _stop_node(node: subprocess.Popen) -> None:
     node.wait(timeout=15)
 
 
-@pytest.fixture
-def two_node_cluster(tmp_path):
-    """Head + worker node on this machine. Yields (address, env for drivers, alive node ids)."""
+@contextlib.contextmanager
+def local_cluster(tmp_path, head_resources: list[str], worker_resources: list[str]):
+    """Head + worker node on this machine, each advertising the resources given as `ray start` options.
+    Yields (address, env for drivers, {alive node id: its CPUs})."""
     # Short, private temp dirs: Ray's unix sockets live under them (107-character limit) and
     # their paths identify our processes at teardown.
     temp_dirs = [tempfile.mkdtemp(prefix="rmh", dir="/tmp"), tempfile.mkdtemp(prefix="rmw", dir="/tmp")]
@@ -102,8 +104,7 @@ def two_node_cluster(tmp_path):
            # On SIGTERM a node first drains (for Ray Serve); a head node waits the full 30 s.
            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     env.pop("RAY_ADDRESS", None)
-    common = [f"--num-cpus={CPUS_PER_NODE}", "--num-gpus=0", f"--object-store-memory={256 * 2**20}",
-              "--block"]
+    common = [f"--object-store-memory={256 * 2**20}", "--block"]
     nodes: list[subprocess.Popen] = []
     logs = [tmp_path / "head.log", tmp_path / "worker.log"]
 
@@ -133,8 +134,9 @@ def two_node_cluster(tmp_path):
 
     try:
         started = time.time()
-        start(["--head", f"--port={port}", "--include-dashboard=false"], temp_dirs[0], logs[0], "head")
-        start([f"--address={address}"], temp_dirs[1], logs[1], "worker")
+        start(["--head", f"--port={port}", "--include-dashboard=false", *head_resources], temp_dirs[0], logs[0],
+              "head")
+        start([f"--address={address}", *worker_resources], temp_dirs[1], logs[1], "worker")
         probe = subprocess.run([PY, "-c", NODES_PROBE, "2", "60"], capture_output=True,
                                text=True, timeout=180, env={**env, "RAY_ADDRESS": address})
         if "NODES " not in probe.stdout:
@@ -142,15 +144,23 @@ def two_node_cluster(tmp_path):
         alive = json.loads(probe.stdout.split("NODES ", 1)[1])
         if len(alive) != 2:
             fail(f"expected 2 alive nodes, got {alive}")
-        assert [n["cpus"] for n in alive] == [CPUS_PER_NODE] * 2, alive  # each node has its own CPUs
         print(f"\ntwo-node cluster at {address} up in {time.time() - started:.0f} s")
-        yield address, {**env, "RAY_ADDRESS": address}, {n["id"] for n in alive}
+        yield address, {**env, "RAY_ADDRESS": address}, {n["id"]: n["cpus"] for n in alive}
     finally:
         for node in reversed(nodes):  # the worker node first, then the head
             _stop_node(node)
         print(f"two-node cluster stopped ({_kill_leftovers(temp_dirs)} stray processes killed)")
         for d in temp_dirs:
             shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def two_node_cluster(tmp_path):
+    """Two nodes with CPUS_PER_NODE CPUs each. Yields (address, env for drivers, alive node ids)."""
+    cpus = [f"--num-cpus={CPUS_PER_NODE}", "--num-gpus=0"]
+    with local_cluster(tmp_path, cpus, cpus) as (address, env, nodes):
+        assert list(nodes.values()) == [CPUS_PER_NODE] * 2, nodes  # each node has its own CPUs
+        yield address, env, set(nodes)
 
 
 @pytest.mark.slow
@@ -199,3 +209,45 @@ def test_make_scaling_config_passes_the_placement_strategy_to_ray():
     assert make_scaling_config(2, False, resources=cluster, placement_strategy="SPREAD").placement_strategy == "SPREAD"
     with pytest.raises(ScalingError, match="'spread' is not one of PACK, SPREAD"):
         make_scaling_config(2, False, resources=cluster, placement_strategy="spread")
+
+
+# A driver on this machine (no GPU) that asks the cluster. Prints what the course's code would use.
+DEFAULTS_PROBE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from coursekit.runtime import detect
+from coursekit.scaling import make_scaling_config, worker_resources
+import train_ray_fsdp2
+rt = detect()
+workers = worker_resources(rt)                          # joins the cluster named by RAY_ADDRESS
+cfg = train_ray_fsdp2.parse_args([])                    # module 07's script, with its defaults
+import ray
+print("DEFAULTS", json.dumps({
+    "driver": [rt.num_gpus, rt.backend],
+    "workers": [workers.cpus, workers.gpus, workers.use_gpu, workers.default_workers, workers.backend],
+    "script": [cfg["num_workers"], cfg["use_gpu"]],
+    "joined_nodes": len([n for n in ray.nodes() if n["Alive"]]),
+}))
+make_scaling_config(workers.default_workers, workers.use_gpu)   # the defaults fit the cluster
+"""
+
+
+@pytest.mark.slow
+def test_defaults_come_from_the_workers_nodes_not_from_a_head_without_cpus_or_gpus(tmp_path):
+    """deploy/cluster.yaml's shape: the head advertises no CPUs (no training there) and has no GPU; the worker
+    node has the GPUs (here 2 logical ones; nothing runs on them). The driver, on the head's machine, sees
+    no GPU: the notebooks' and scripts' defaults must still be one GPU worker per GPU of the cluster, with
+    NCCL, and not two CPU workers with gloo."""
+    head = ["--num-cpus=0", "--num-gpus=0"]
+    gpu_worker = ["--num-cpus=2", "--num-gpus=2"]
+    with local_cluster(tmp_path, head, gpu_worker) as (_address, env, nodes):
+        assert sorted(nodes.values()) == [0, 2], nodes
+        proc = subprocess.run([PY, "-c", DEFAULTS_PROBE, str(REPO / "solutions" / "07_scaling_up")],
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                              env={**env, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0 and "DEFAULTS " in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+    got = json.loads(proc.stdout.split("DEFAULTS ", 1)[1].splitlines()[0])
+    assert got["joined_nodes"] == 2, got                   # it joined the cluster, not a new local Ray
+    assert got["driver"] == [0, "gloo"], got               # this machine: no GPU
+    assert got["workers"] == [2, 2, True, 2, "nccl"], got  # the workers' node: 2 GPUs, so 2 GPU workers, NCCL
+    assert got["script"] == [2, True], got

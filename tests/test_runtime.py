@@ -64,3 +64,125 @@ def test_small_machines_start_ray_lean():
     assert detect({"COURSE_PLATFORM": "binder"}).size == "smoke"
     assert detect({"COURSE_PLATFORM": "binder", "COURSE_SIZE": "cpu"}).size == "cpu"
     assert detect({"CI": "1"}).lean
+
+
+def _cgroup_tree(tmp_path, files: dict[str, str], proc_cgroup: str):
+    for rel, text in files.items():
+        path = tmp_path / "sys" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    (tmp_path / "self_cgroup").write_text(proc_cgroup)
+    return tmp_path / "sys", tmp_path / "self_cgroup"
+
+
+@pytest.mark.parametrize("files, proc_cgroup, expected", [
+    # cgroup v2 (Binder, Kubernetes on a recent node): 1.5 CPUs and 2 GiB set on the pod's group
+    ({"cgroup.controllers": "cpu memory", "kubepods/pod1/cpu.max": "150000 100000",
+      "kubepods/pod1/memory.max": str(2 * 2**30), "kubepods/cpu.max": "max 100000",
+      "kubepods/memory.max": "max"},
+     "0::/kubepods/pod1\n", (1.5, 2 * 2**30)),
+    # cgroup v2 inside a container: /proc/self/cgroup says "/" and the limits sit at the mount's root
+    ({"cgroup.controllers": "cpu memory", "cpu.max": "400000 100000", "memory.max": str(3 * 2**30)},
+     "0::/\n", (4.0, 3 * 2**30)),
+    # a tighter limit on a parent group wins
+    ({"cgroup.controllers": "cpu memory", "a/memory.max": str(2**30), "a/b/memory.max": str(4 * 2**30)},
+     "0::/a/b\n", (None, 2**30)),
+    # cgroup v1 (this machine's kind): quota/period and limit_in_bytes; -1 and 2**63 mean no limit
+    ({"cpu,cpuacct/docker/x/cpu.cfs_quota_us": "200000", "cpu,cpuacct/docker/x/cpu.cfs_period_us": "100000",
+      "memory/docker/x/memory.limit_in_bytes": str(6 * 2**30),
+      "memory/memory.limit_in_bytes": "9223372036854771712"},
+     "4:memory:/docker/x\n3:cpu,cpuacct:/docker/x\n0::/\n", (2.0, 6 * 2**30)),
+    ({"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000",
+      "memory/memory.limit_in_bytes": "9223372036854771712"},
+     "4:memory:/\n1:cpu:/\n", (None, None)),
+])
+def test_cgroup_limits_are_read_from_v1_and_v2(tmp_path, files, proc_cgroup, expected):
+    from coursekit.runtime import cgroup_limits
+
+    sys_root, self_cgroup = _cgroup_tree(tmp_path, files, proc_cgroup)
+    assert cgroup_limits(sys_root, self_cgroup) == expected
+
+
+def test_detect_sizes_itself_by_the_containers_limits_not_the_hosts(monkeypatch):
+    """Binder and Kubernetes pods show the host's CPUs and memory; Ray started for those would
+    oversubscribe the container (workers that wait for CPUs, or an object store that does not fit)."""
+    import coursekit.runtime as runtime
+
+    monkeypatch.setattr(runtime, "cgroup_limits", lambda: (1.5, 2 * 2**30))
+    rt = runtime.detect({"COURSE_PLATFORM": "local"})
+    assert rt.num_cpus == 1 and rt.memory_gib == 2.0 and rt.lean
+    monkeypatch.setattr(runtime, "cgroup_limits", lambda: (None, None))
+    assert runtime.detect({}).memory_gib > 2.0
+
+
+def test_worker_defaults_follow_the_workers_resources_not_the_driver():
+    from coursekit.scaling import WorkerResources
+
+    cpu_only, gpus = WorkerResources(cpus=8, gpus=0), WorkerResources(cpus=16, gpus=4)
+    assert (cpu_only.use_gpu, cpu_only.default_workers, cpu_only.backend) == (False, 2, "gloo")
+    assert (gpus.use_gpu, gpus.default_workers, gpus.backend) == (True, 4, "nccl")
+
+
+def test_worker_resources_count_the_gpu_nodes_an_autoscaler_may_still_start(monkeypatch):
+    """An autoscaling cluster (deploy/cluster.yaml: 0-4 GPU workers) runs no GPU node until asked for one."""
+    import ray
+
+    import coursekit.scaling as scaling
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 0.0, "memory": 1e9})   # the head alone
+    monkeypatch.setattr(scaling, "_autoscaler_limits", lambda: {"CPU": 16, "GPU": 4})
+    rt = detect({"RAY_ADDRESS": "", "COURSE_PLATFORM": "local"})
+    workers = scaling.worker_resources(rt)
+    assert (workers.cpus, workers.gpus, workers.default_workers, workers.backend) == (16, 4, 4, "nccl")
+    # and the ScalingConfig check accepts 4 GPU workers there
+    scaling.check_scaling(4, True, resources=scaling.cluster_resources(rt))
+
+
+def _own_v1_group(controller: str):
+    """This process's cgroup v1 folder for ``controller``, or None (no v1 hierarchy for it)."""
+    from pathlib import Path
+
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, group = line.split(":", 2)
+        if controller in controllers.split(","):
+            folder = Path("/sys/fs/cgroup") / controllers / group.lstrip("/")
+            return folder if folder.is_dir() else None
+    return None
+
+
+def test_detect_in_a_real_cgroup_sees_its_cpu_quota_and_memory_limit(tmp_path):
+    """A child process placed in real cgroups (1.5 CPUs, 1.5 GiB), as a container runtime would place it."""
+    import os
+    import subprocess
+    import uuid
+
+    from conftest import PY
+
+    made = []
+    try:
+        for controller, settings in (("memory", {"memory.limit_in_bytes": str(1536 * 2**20)}),
+                                     ("cpu", {"cpu.cfs_quota_us": "150000", "cpu.cfs_period_us": "100000"})):
+            parent = _own_v1_group(controller)
+            if parent is None or not os.access(parent, os.W_OK):
+                pytest.skip(f"no writable cgroup v1 '{controller}' hierarchy here")
+            group = parent / f"course-test-{uuid.uuid4().hex[:8]}"
+            group.mkdir()
+            made.append(group)
+            for name, value in settings.items():
+                (group / name).write_text(value)
+        enter = "; ".join(f"echo $$ > {g}/cgroup.procs" for g in made)
+        probe = "from coursekit.runtime import detect; rt = detect(); print('RT', rt.num_cpus, rt.memory_gib, rt.lean)"
+        proc = subprocess.run(["sh", "-c", f'{enter}; exec "$0" -c "$1"', PY, probe],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "RT 1 1.5 True" in proc.stdout, proc.stdout
+    finally:
+        for group in reversed(made):
+            for _ in range(50):   # the child has exited; the kernel may take a moment to empty the group
+                try:
+                    group.rmdir()
+                    break
+                except OSError:
+                    import time
+                    time.sleep(0.1)
