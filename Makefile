@@ -1,5 +1,6 @@
-# The course's commands. Each one bootstraps .venv from requirements.txt when it
-# is missing or older than requirements.txt / pyproject.toml.
+# The course's commands. Each one bootstraps .venv when it is missing or older than its
+# requirements: `make lab` installs the course set (requirements.txt); the test, grading and
+# instructor commands add the test and lint tools (requirements-dev.txt) on top.
 #
 #   make lab          JupyterLab on course/ (students)
 #   make test         the whole test suite (CI runs this)
@@ -14,6 +15,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.course-installed
+DEV_STAMP := $(VENV)/.dev-installed
 KERNEL := ray-train-course
 SUBMISSIONS ?= submissions
 LAB_ARGS ?=
@@ -37,25 +39,32 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m coursekit.jupyter_setup --sys-prefix
 	@touch $(STAMP)
 
+# instructors and CI: the course set plus pytest, hadolint, papermill (requirements-dev.txt)
+$(DEV_STAMP): requirements-dev.txt $(STAMP)
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	@# checking requirements.txt's dependencies again puts rfc3987-syntax back (see above)
+	$(PY) -m pip uninstall --quiet --yes rfc3987-syntax
+	@touch $(DEV_STAMP)
+
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=course $(ROOT_ARGS) $(LAB_ARGS)
 
-test: $(STAMP)
+test: $(DEV_STAMP)
 	$(PY) -m pytest tests --durations=25
 
-course: $(STAMP)
+course: $(DEV_STAMP)
 	$(PY) -m coursekit.notebooks solutions --out build/course
 
-assignments: $(STAMP)
+assignments: $(DEV_STAMP)
 	$(PY) -m autograder.release $(if $(MODULE),--module $(MODULE))
 
-grade: $(STAMP)
+grade: $(DEV_STAMP)
 	$(PY) -m autograder.grade $(SUBMISSIONS) --out build/grading $(GRADE_ARGS)
 
-release: $(STAMP)
+release: $(DEV_STAMP)
 	$(PY) -m autograder.student_release --into build/student-release
 
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	$(PY) -m bench
 
 clean:

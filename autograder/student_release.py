@@ -3,9 +3,15 @@
     python -m autograder.student_release [--into build/student-release]     # make release
 
 writes ``course/`` (the nbgrader release: notebooks without solutions or hidden tests, and the
-modules' scripts), ``coursekit/``, ``binder/``, ``requirements.txt``, ``environment.yml``,
-``pyproject.toml`` and a student README (``autograder/STUDENT_README.md``) into the folder,
-then checks every file in it with ``leaks()``: no nbgrader solution/hidden-test marker, and no
+modules' scripts), ``coursekit/``, ``binder/``, ``deploy/`` (the cluster launcher config, the course
+image's Dockerfile and the KubeRay manifests that module 07 tells students to use; the image builds
+from the release root), ``requirements.txt``, ``environment.yml``, ``pyproject.toml`` and a student
+README (``autograder/STUDENT_README.md``) into the folder. Not the Makefile: its targets beyond
+``venv``/``lab`` need tests/ and autograder/, and nothing given to students names a make target
+(tests/test_release.py checks every path and ``make`` target the notebooks and that README name).
+Not ``nbgrader_config.py`` either (the instructor's course settings): the Validate button's settings
+come from ``python -m coursekit.jupyter_setup``. It then checks every file in the folder with
+``leaks()``: no nbgrader solution/hidden-test marker, and no
 line of any module's solution code or hidden tests (lines longer than 25 characters that do
 not also appear in the visible part of the instructor's notebook). That folder is what a
 course publishes (a public repository, Binder). It fails (exit 1) if anything leaked.
@@ -22,7 +28,7 @@ import nbformat
 from autograder.release import REPO, SOLUTIONS, modules
 
 MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
-PARTS = ("course", "coursekit", "binder", "requirements.txt", "environment.yml", "pyproject.toml")
+PARTS = ("course", "coursekit", "binder", "deploy", "requirements.txt", "environment.yml", "pyproject.toml")
 README = Path(__file__).with_name("STUDENT_README.md")
 
 
@@ -133,7 +139,7 @@ def leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
     Every text file is searched for nbgrader's solution/hidden-test markers; each module's
     released notebook for lines of its own solution code and hidden tests (the same rule as
     tests/test_release.py); and :func:`answer_leaks`: no answer line in any other released file
-    or above its exercise.
+    or above its exercise; and no instructor-only folder or ``nbgrader_config.py``.
     """
     folder = Path(folder)
     course = folder / "course" if (folder / "course").is_dir() else folder
@@ -161,6 +167,8 @@ def leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
     for p in folder.rglob("*"):
         if p.name in ("solutions", "autograder", "tests", ".git", "build"):
             found.append(f"{p.relative_to(folder)}: instructor-only folder")
+        elif p.name == "nbgrader_config.py":
+            found.append(f"{p.relative_to(folder)}: the instructor's nbgrader settings")
     return found
 
 

@@ -2,16 +2,19 @@
 
 None of these can be started here (no cloud, no Kubernetes, no Docker daemon), so each is
 checked by the validator its tool uses, or by the rules its tool enforces:
-- deploy/cluster.yaml against the JSON schema that Ray ships (what `ray up` validates with);
+- deploy/cluster.yaml (a template that deploy/up.py renders with the student's COURSE_STORAGE) against
+  the JSON schema that Ray ships (what `ray up` validates with), and its storage commands run in a shell;
 - the KubeRay manifests for the fields the RayCluster/RayJob CRDs require and for
-  consistency (volumes that exist, string-valued rayStartParams, one image, one Ray version);
-- deploy/Dockerfile with hadolint;
+  consistency (volumes that exist, string-valued rayStartParams, the image variant per group, one Ray version);
+- deploy/Dockerfile with hadolint, and for its base (Ray's own image of the pinned Ray) and variants;
 - binder/ for what repo2docker reads, and for the same pins as requirements.txt.
 Each validator is also shown a broken file, so that a check that cannot fail would be noticed.
 """
 from __future__ import annotations
 
 import copy
+import importlib.util
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -25,13 +28,27 @@ from conftest import PY, REPO, read_pins
 
 DEPLOY = REPO / "deploy"
 BINDER = REPO / "binder"
-IMAGE = f"ray-train-course:{ray.__version__}"
+# deploy/Dockerfile's two variants: the CPU one for heads and CPU groups, the GPU one where pods get GPUs
+IMAGES = {"cpu": f"ray-train-course:{ray.__version__}-cpu", "gpu": f"ray-train-course:{ray.__version__}-gpu"}
+STORAGE = "s3://course-bucket/ray-train-course"
+
+
+def _load_up():
+    """deploy/up.py, the launcher that renders deploy/cluster.yaml (deploy/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("deploy_up", DEPLOY / "up.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+up = _load_up()
 
 
 # ---------------------------------------------------------------- cluster launcher
 
-def _cluster() -> dict:
-    return yaml.safe_load((DEPLOY / "cluster.yaml").read_text())
+def _cluster(storage: str = STORAGE) -> dict:
+    """The config `ray up` gets: deploy/cluster.yaml rendered by deploy/up.py."""
+    return yaml.safe_load(up.render(up.check_storage(storage)))
 
 
 def _validate(config: dict) -> None:
@@ -43,6 +60,7 @@ def _validate(config: dict) -> None:
 
 def test_cluster_config_passes_rays_own_schema():
     _validate(_cluster())
+    _validate(yaml.safe_load((DEPLOY / "cluster.yaml").read_text()))  # the template: placeholders in strings only
 
 
 def test_cluster_config_schema_check_rejects_a_broken_config():
@@ -56,18 +74,104 @@ def test_cluster_config_schema_check_rejects_a_broken_config():
         _validate(broken)
 
 
-def test_cluster_config_has_a_gpu_worker_type_a_dashboard_and_the_pinned_environment():
+def test_cluster_config_has_a_gpu_worker_type_a_dashboard_and_the_course_set():
     c = _cluster()
     types = c["available_node_types"]
     assert c["head_node_type"] in types
+    # the head runs the driver and Ray's control plane: it advertises no CPUs for training and has no GPU
+    assert types[c["head_node_type"]]["resources"] == {"CPU": 0}
     gpu = [t for t in types.values() if t["resources"].get("GPU", 0) >= 1]
     assert gpu and all(t["max_workers"] <= c["max_workers"] for t in gpu)
     assert any("--dashboard-host=0.0.0.0" in cmd for cmd in c["head_start_ray_commands"])
     setup = "\n".join(c["setup_commands"])
     assert "-r ~/ray-train-course/requirements.txt" in setup  # pins ray[default,...]: dashboard, job server
+    assert "requirements-dev" not in setup                      # nodes get the course set, no test tools
+    assert "uninstall -q -y rfc3987-syntax" in setup
     assert "~/ray-train-course" in [k.replace("/home/ubuntu", "~") for k in c["file_mounts"]]
     assert c["file_mounts"]["/home/ubuntu/ray-train-course"] == "."
-    assert "COURSE_STORAGE" in setup  # checkpoints need storage every node reaches
+    assert "build" in c["rsync_exclude"]                       # the rendered config stays on the laptop
+
+
+def _storage_commands(config: dict) -> list[str]:
+    """setup_commands run on every node, head and workers, before `ray start`."""
+    return [cmd for cmd in config["setup_commands"] if "COURSE_STORAGE" in cmd or "ray-train-course.env" in cmd]
+
+
+def _run_setup(commands: list[str], home: Path) -> subprocess.CompletedProcess:
+    """The setup commands as Ray's command runner runs them on a node: one shell per command, in order."""
+    env = {"HOME": str(home), "PATH": os.environ["PATH"]}
+    for cmd in commands:
+        proc = subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True)
+        if proc.returncode:
+            return proc
+    return proc
+
+
+def _node_env(home: Path) -> str:
+    """COURSE_STORAGE in a node's login shell (what `ray start` and `ray submit` run in)."""
+    return subprocess.run(["bash", "-c", 'source ~/.bashrc; printf %s "$COURSE_STORAGE"'],
+                          env={"HOME": str(home), "PATH": os.environ["PATH"]},
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_the_students_storage_reaches_every_node(tmp_path):
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "activate").write_text("")
+    commands = _storage_commands(_cluster())
+    assert len(commands) >= 3 and commands[0].startswith("case ")  # the template check comes first
+    assert _run_setup(commands, tmp_path).returncode == 0
+    assert _node_env(tmp_path) == STORAGE
+    # `ray up` again with other storage: the nodes' value follows, the shell profile gets one line
+    other = "/mnt/efs/ray-train-course"
+    assert _run_setup(_storage_commands(_cluster(other)), tmp_path).returncode == 0
+    assert _node_env(tmp_path) == other
+    assert (tmp_path / ".bashrc").read_text().count("ray-train-course.env") == 1
+
+
+def test_ray_up_on_the_unrendered_template_stops_at_its_first_setup_command(tmp_path):
+    template = yaml.safe_load((DEPLOY / "cluster.yaml").read_text())
+    proc = _run_setup(template["setup_commands"][:1], tmp_path)
+    assert proc.returncode != 0 and "deploy/up.py" in proc.stderr
+
+
+@pytest.mark.parametrize("storage", ["s3://bucket/ray-train-course", "gs://b/p", "abfss://c@a.dfs.core.windows.net/x",
+                                     "/mnt/efs/ray-train-course"])
+def test_up_accepts_bucket_uris_and_absolute_shared_paths(storage):
+    assert up.check_storage(storage) == storage
+
+
+@pytest.mark.parametrize("storage", [None, "", "s3://CHANGE-ME/ray-train-course", "s3://change-me/x",
+                                     "build/ray_results", "~/results", "s3://b/$HOME", "s3://b/a b",
+                                     "s3://b/'x'", "s3://b/x#y", "s3:///no-bucket"])
+def test_up_refuses_storage_the_nodes_cannot_use(storage):
+    with pytest.raises(up.StorageError):
+        up.check_storage(storage)
+
+
+def test_up_renders_into_build_and_refuses_to_start_without_storage(tmp_path):
+    out = tmp_path / "cluster.yaml"
+    cmd = [PY, str(DEPLOY / "up.py"), "--render-only", "--out", str(out)]
+    env = {k: v for k, v in os.environ.items() if k != "COURSE_STORAGE"}
+    for storage in (None, "s3://CHANGE-ME/ray-train-course"):
+        run_env = env if storage is None else {**env, "COURSE_STORAGE": storage}
+        proc = subprocess.run(cmd, env=run_env, capture_output=True, text=True)
+        assert proc.returncode == 2 and "COURSE_STORAGE" in proc.stderr and "deploy/up.py" in proc.stderr
+        assert not out.exists()
+    proc = subprocess.run(cmd, env={**env, "COURSE_STORAGE": STORAGE}, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_text() == up.render(STORAGE)
+    assert "IamInstanceProfile" in proc.stderr  # S3 with workers that have no instance profile: told so
+    assert up.RENDERED == REPO / "build" / "cluster.yaml"
+
+
+def test_the_cluster_commands_are_documented_with_the_rendered_config():
+    header = (DEPLOY / "cluster.yaml").read_text().split("\ncluster_name:")[0]
+    assert "python deploy/up.py" in header
+    for command in ("ray submit", "ray down", "ray dashboard"):
+        assert f"{command} build/cluster.yaml" in header, command
+    readme = (REPO / "README.md").read_text()
+    assert "python deploy/up.py" in readme and "ray submit build/cluster.yaml" in readme
+    assert "ray down build/cluster.yaml" in readme
 
 
 # ---------------------------------------------------------------- KubeRay
@@ -91,8 +195,9 @@ def _group_problems(where: str, group: dict) -> list[str]:
     for c in pod["containers"]:
         if not c.get("name") or not c.get("image"):
             problems.append(f"{where}: every container needs a name and an image")
-        if c.get("image") != IMAGE:
-            problems.append(f"{where}: image {c.get('image')!r} is not the course image {IMAGE}")
+        image = IMAGES["gpu" if "nvidia.com/gpu" in c.get("resources", {}).get("limits", {}) else "cpu"]
+        if c.get("image") != image:
+            problems.append(f"{where}: image {c.get('image')!r} is not the course image {image}")
         for m in c.get("volumeMounts", []):
             if m["name"] not in names:
                 problems.append(f"{where}: volumeMount {m['name']!r} has no volume")
@@ -160,8 +265,10 @@ def test_kuberay_checks_catch_the_usual_mistakes():
     broken["spec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] = 0            # unquoted number
     broken["spec"]["workerGroupSpecs"][0]["template"]["spec"]["volumes"] = []      # mount without volume
     broken["spec"]["workerGroupSpecs"][0]["minReplicas"] = 5                       # min > replicas
+    broken["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"] = IMAGES["cpu"]
     problems = "\n".join(manifest_problems(broken))
     assert "must be a string" in problems and "has no volume" in problems and "minReplicas" in problems
+    assert f"is not the course image {IMAGES['gpu']}" in problems                  # GPU pods, CPU image
 
 
 def test_the_shared_volume_claim_is_the_one_the_pods_mount():
@@ -179,7 +286,9 @@ def test_rayjob_runs_a_script_that_exists_in_the_image():
     script = job["spec"]["entrypoint"].split()[1]
     rel = script.split("/home/ray/ray-train-course/", 1)[1]
     assert (REPO / rel).exists(), f"the RayJob runs {rel}, which the image does not contain"
-    assert "COPY course ./course" in (DEPLOY / "Dockerfile").read_text()
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert re.search(r"^WORKDIR /home/ray/ray-train-course$", text, re.M)
+    assert re.search(r"^COPY (--chown=\S+ )?course \./course$", text, re.M)
 
 
 # ---------------------------------------------------------------- Docker
@@ -199,10 +308,40 @@ def test_hadolint_rejects_a_bad_dockerfile(tmp_path):
     assert proc.returncode != 0 and "DL3007" in proc.stdout  # "latest" tag
 
 
-def test_dockerfile_installs_the_pinned_environment_on_the_course_python():
+def test_dockerfile_starts_from_rays_image_of_the_pinned_ray_and_python():
     text = (DEPLOY / "Dockerfile").read_text()
-    assert re.search(r"^FROM python:3\.11[.\d]*-slim", text, re.M)
+    pinned = read_pins(REPO / "requirements.txt")["ray"]
+    assert pinned == ray.__version__
+    (base,) = re.findall(r"^FROM (\S+)", text, re.M)
+    assert base == f"rayproject/ray:{pinned}-py311-${{VARIANT}}"
+    assert re.search(r"^ARG VARIANT=cpu$", text, re.M)       # the default build is the CPU variant
+
+
+def test_dockerfile_describes_both_variants_with_the_images_the_manifests_use():
+    text = (DEPLOY / "Dockerfile").read_text()
+    builds = re.findall(r"docker build -f deploy/Dockerfile (.*?)-t (\S+) \.", text)
+    variants = {tag: re.search(r"--build-arg VARIANT=(\S+)", args) for args, tag in builds}
+    assert set(variants) == set(IMAGES.values())
+    assert variants[IMAGES["cpu"]] is None                       # the default: VARIANT=cpu
+    assert re.fullmatch(r"cu\d{3}", variants[IMAGES["gpu"]].group(1))  # a CUDA base Ray publishes (cu128, ...)
+    used = set()
+    for name in ("raycluster.yaml", "rayjob.yaml"):
+        used |= set(re.findall(r"image:\s*(\S+)", (DEPLOY / "kuberay" / name).read_text()))
+    assert used == set(IMAGES.values())
+
+
+def test_dockerfile_installs_the_course_set_as_rays_user():
+    text = (DEPLOY / "Dockerfile").read_text()
+    # CPU: PyTorch's CPU builds of the pinned versions (binder's file); GPU: requirements.txt, PyPI's CUDA build
+    assert "pip install --no-cache-dir -r binder/requirements.txt" in text
     assert "pip install --no-cache-dir -r requirements.txt" in text
+    assert "requirements-dev" not in text                     # no test or lint tools in the image
+    assert "pip uninstall --yes rfc3987-syntax" in text
+    # Ray's image runs as `ray` (uid 1000, gid 100), who owns its Python: nothing switches to root
+    assert all(u in ("1000", "ray", "1000:100") for u in re.findall(r"^USER (\S+)", text, re.M))
+    assert "sudo" not in text
+    copies = re.findall(r"^COPY (.*)$", text, re.M)
+    assert copies and all(c.startswith("--chown=1000:100 ") for c in copies)
 
 
 # ---------------------------------------------------------------- Binder

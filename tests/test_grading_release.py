@@ -103,3 +103,38 @@ def test_answer_lines_in_a_released_script_or_above_the_exercise_are_leaks(tmp_p
     nb.cells[0].source += f"\n\n    {line}\n"
     nbformat.write(nb, release / module / f"{module}.ipynb")
     assert any("shown above" in p and gid in p for p in set(answer_leaks(release, [module])) - before)
+
+
+def test_nbgrader_reads_the_course_config_from_the_repository_root():
+    """nbgrader's own commands (generate_assignment, db, formgrader) run from the repository root load
+    ./nbgrader_config.py, which loads autograder/nbgrader_config.py: this course's root and folders."""
+    code = ("from nbgrader.apps.baseapp import NbGrader; from nbgrader.coursedir import CourseDirectory\n"
+            "app = NbGrader(); app.load_config_file(); cd = CourseDirectory(config=app.config)\n"
+            "print(cd.root, cd.source_directory, cd.release_directory, app.config.Execute.timeout, sep='|')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == f"{REPO}|solutions|course|600", proc.stdout + proc.stderr
+
+
+def test_nbgrader_generate_assignment_from_the_root_stubs_the_scripts_as_make_assignments_does(tmp_path):
+    """The real CLI in a copy of the repository's root (a few seconds): `nbgrader generate_assignment
+    02_ray_train` writes course/02_ray_train with its script's solution regions stubbed (the root config's
+    post-convert hook), and the gradebook under build/."""
+    from autograder.release import strip_script
+
+    module = "02_ray_train"
+    shutil.copy(REPO / "nbgrader_config.py", tmp_path)
+    shutil.copytree(REPO / "autograder", tmp_path / "autograder", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "solutions" / module, tmp_path / "solutions" / module,
+                    ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run([str(Path(sys.executable).parent / "nbgrader"), "generate_assignment", module],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / "course" / module
+    assert (out / f"{module}.ipynb").exists() and (tmp_path / "build" / "release-gradebook.db").exists()
+    scripts = sorted((tmp_path / "solutions" / module).glob("*.py"))
+    assert any("### BEGIN SOLUTION" in s.read_text() for s in scripts)
+    for script in scripts:
+        assert (out / script.name).read_text() == strip_script(script.read_text()), script.name
+    assert not leaks(tmp_path / "course", [module]), leaks(tmp_path / "course", [module])

@@ -32,7 +32,10 @@ def _validate(folder):
 
 
 @pytest.mark.slow
-def test_validate_passes_the_reference_and_fails_the_untouched_notebook(tmp_path):
+def test_validate_passes_the_reference_and_fails_the_untouched_notebook(tmp_path, monkeypatch):
+    # the server's working folder of a student's release, which has no nbgrader_config.py (the repository's
+    # root has the instructors' one, which would hide a missing jupyter_setup)
+    monkeypatch.chdir(tmp_path)
     right = tmp_path / "right"
     shutil.copytree(REPO / "course" / MODULE, right)
     nbformat.write(fill(MODULE, solution_answers(MODULE)), right / f"{MODULE}.ipynb")

@@ -38,7 +38,7 @@ from coursekit import detect
 from coursekit.data import load_digits
 from coursekit.models import accuracy, build_model
 from coursekit.raysetup import init_ray, storage_path
-from coursekit.scaling import PLACEMENT_STRATEGIES, ScalingError, make_scaling_config
+from coursekit.scaling import PLACEMENT_STRATEGIES, ScalingError, make_scaling_config, worker_resources
 
 
 def worker_node_ids() -> list[str]:
@@ -87,13 +87,15 @@ def load_model(checkpoint: Checkpoint, model_name: str = "resnet18") -> torch.nn
 
 def main(argv: list[str] | None = None) -> int:
     rt = detect()
+    workers = worker_resources(rt)   # the cluster's workers (joined first), or this machine
     sizes = rt.sizes
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--num-workers", type=int, default=rt.default_workers)
+    p.add_argument("--num-workers", type=int, default=workers.default_workers,
+                   help="default: one per GPU of the cluster's workers, else 2")
     p.add_argument("--cpus-per-worker", type=float, default=1.0)
     p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=rt.use_gpu,
-                   help="one GPU per worker (default: yes where this machine or cluster has GPUs)")
+    p.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=workers.use_gpu,
+                   help="one GPU per worker (default: yes where the cluster's workers have GPUs)")
     p.add_argument("--global-batch-size", type=int, default=None)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--smoke-test", action="store_true", help="tiny data, 2 epochs")

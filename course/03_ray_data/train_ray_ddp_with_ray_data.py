@@ -46,7 +46,7 @@ from coursekit.raydata import (ObjectStoreMonitor, configure_ray_data, local_ray
                                preprocess_synthetic, synthetic_dataset, synthetic_rows)
 from coursekit.raysetup import init_ray, storage_path
 from coursekit.runtime import SIZES
-from coursekit.scaling import ScalingError, cluster_resources, make_scaling_config
+from coursekit.scaling import ScalingError, cluster_resources, make_scaling_config, worker_resources
 
 
 def train_func(config: dict) -> None:
@@ -103,11 +103,13 @@ def train_func(config: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     rt = detect()
+    workers = worker_resources(rt)   # the cluster's workers (joined first), or this machine
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--num-workers", type=int, default=rt.default_workers)
+    p.add_argument("--num-workers", type=int, default=workers.default_workers,
+                   help="default: one per GPU of the cluster's workers, else 2")
     p.add_argument("--epochs", "--num-epochs", type=int, default=None)
-    p.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=rt.use_gpu,
-                   help="one GPU per worker (default: yes where this machine or cluster has GPUs)")
+    p.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=workers.use_gpu,
+                   help="one GPU per worker (default: yes where the cluster's workers have GPUs)")
     p.add_argument("--data-size-gb", type=float, default=None,
                    help="size of the synthetic raw data set, streamed (default: 0.05 with --smoke-test, else 0.5)")
     p.add_argument("--cpus-per-worker", type=float, default=None,

@@ -46,7 +46,7 @@ from coursekit.data import load_digits
 from coursekit.faults import fired, inject_faults
 from coursekit.models import accuracy, build_model
 from coursekit.raysetup import init_ray, storage_path
-from coursekit.scaling import ScalingError, make_scaling_config
+from coursekit.scaling import ScalingError, make_scaling_config, worker_resources
 
 STATE_FILE = "state.pt"          # rank 0: the model, the optimizer and the finished epoch
 
@@ -180,12 +180,14 @@ def stop_driver_after(run_dir: Path, epoch: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     rt = detect()
+    workers = worker_resources(rt)   # the cluster's workers (joined first), or this machine
     sizes = rt.sizes
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--name", default=None, help="run name under the storage path (rerun it to resume)")
-    p.add_argument("--num-workers", type=int, default=rt.default_workers)
-    p.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=rt.use_gpu,
-                   help="one GPU per worker (default: yes where this machine or cluster has GPUs)")
+    p.add_argument("--num-workers", type=int, default=workers.default_workers,
+                   help="default: one per GPU of the cluster's workers, else 2")
+    p.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=workers.use_gpu,
+                   help="one GPU per worker (default: yes where the cluster's workers have GPUs)")
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--max-failures", type=int, default=2, help="worker failures this run survives")
