@@ -1,6 +1,8 @@
-"""course/ is exactly what nbgrader generates from solutions/, with no outputs and no answers in it."""
+"""course/ is exactly what nbgrader generates from solutions/, with no outputs and no answers in it; and the
+student release (`make release`) holds every file the released notebooks and the student README name."""
 import filecmp
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -95,3 +97,119 @@ def test_points_go_mostly_to_code_and_each_module_asks_concept_questions():
             hidden = c.source.split("### BEGIN HIDDEN TESTS", 1)[-1]
             assert "check_concept(" in hidden, f"{module}/{c.metadata['nbgrader']['grade_id']}: hidden check_concept"
         assert _points(code) > _points(concept), f"{module}: {_points(code)} code vs {_points(concept)} concept points"
+
+
+# ------------------------------------------------------------- what the notebooks name is released
+#
+# Which text counts as a path (the rule of `named_paths`), in the markdown and code cells of every released
+# notebook and in the student README, after URLs (`https://...`, `s3://...`) are removed:
+#   - a token ending in a suffix of the course's files (PATH_SUFFIXES: `train_ddp.py`, `deploy/cluster.yaml`),
+#     or starting with one of the release's folders (`deploy/kuberay/`, `course/01_ddp_pytorch`);
+#     a token is a run of letters, digits, `_ . - /` that does not start right after a `/ ~ $ -` or a word character,
+#     so absolute paths (`/mnt/cluster_storage`), home paths, options and dotted module names
+#     (`ray.train`) are not paths; data and output files (`.json`, `.pt`, `.csv`) are not suffixes;
+#   - `make <target>` inside backticks or a fenced block of markdown: the release's Makefile has that target;
+#   - the target of a markdown link `[...](target)` that is not a URL or an anchor.
+# Where it must exist: a link target next to the notebook (JupyterLab opens it from there); a path with a
+# `/` next to the notebook or at the release root; a bare file name anywhere in the release (the notebooks
+# name other modules' scripts by name: "`train_ddp.py` of module 01", "`shared-storage.yaml`").
+PATH_SUFFIXES = (".py", ".sh", ".yaml", ".yml", ".md", ".txt", ".toml", ".ipynb", ".cfg")
+RELEASE_FOLDERS = ("deploy", "course", "coursekit", "binder")
+# Files a notebook or the student README names that are never part of the release (written at run time or by
+# the course's own commands, or another package's), each with its reason.
+NOT_RELEASE_FILES = {
+    "zero_to_fp32.py": "DeepSpeed writes it into every checkpoint folder (module 06)",
+    "build/cluster.yaml": "`python deploy/up.py` writes it: deploy/cluster.yaml rendered with the student's "
+                          "COURSE_STORAGE, which `ray submit/dashboard/attach/down` then take (module 07)",
+    "ray/train/v2/_internal/execution/context.py": "a file of the installed Ray package (module 05)",
+}
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+")
+_PATH = re.compile(
+    r"(?<![\w/~$-])(?:"
+    r"[\w.][\w.-]*(?:/[\w.-]+)*\.(?:" + "|".join(s[1:] for s in PATH_SUFFIXES) + r")(?![\w/-])"
+    r"|(?:" + "|".join(RELEASE_FOLDERS) + r")/[\w./-]*)")
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_CODE = re.compile(r"```.*?```|`[^`\n]+`", re.S)
+_MAKE = re.compile(r"\bmake\s+([A-Za-z][\w-]*)")
+
+
+def named_paths(text: str, markdown: bool) -> tuple[set[str], set[str], set[str]]:
+    """(paths, markdown link targets, make targets) that ``text`` names, by the rule above."""
+    links = {t.split("#")[0] for t in _LINK.findall(text) if not _URL.match(t) and not t.startswith(("#", "mailto:"))}
+    text = _URL.sub(" ", text)
+    paths = {m.group(0).rstrip(".") for m in _PATH.finditer(text)} - set(NOT_RELEASE_FILES)
+    targets = {t for code in _CODE.findall(text) for t in _MAKE.findall(code)} if markdown else set()
+    return paths, links - {""}, targets
+
+
+def _make_targets(release: Path) -> set[str]:
+    makefile = release / "Makefile"
+    if not makefile.exists():
+        return set()
+    return {m.group(1) for m in re.finditer(r"^([\w.-]+)\s*:(?!=)", makefile.read_text(), re.M)}
+
+
+def missing_paths(release: Path) -> list[str]:
+    """Every path a released notebook or the student README names that is not in ``release``."""
+    names = {p.name for p in release.rglob("*")}
+    targets = _make_targets(release)
+    sources = [(release / "README.md", [(True, (release / "README.md").read_text())])]
+    for nb_path in sorted((release / "course").rglob("*.ipynb")):
+        cells = nbformat.read(nb_path, as_version=4).cells
+        sources.append((nb_path, [(c.cell_type == "markdown", c.source) for c in cells]))
+    missing = []
+    for doc, texts in sources:
+        here, where = doc.parent, doc.relative_to(release)
+        for markdown, text in texts:
+            paths, links, makes = named_paths(text, markdown)
+            for p in sorted(paths):
+                found = (here / p).exists() or (release / p).exists() or ("/" not in p and p in names)
+                if not found:
+                    missing.append(f"{where}: {p}")
+            missing += [f"{where}: link {t}" for t in sorted(links) if not (here / t).exists()]
+            missing += [f"{where}: make {t}" for t in sorted(makes - targets)]
+    return sorted(set(missing))
+
+
+@pytest.fixture(scope="module")
+def student_release(tmp_path_factory) -> Path:
+    """`make release`'s folder (autograder.student_release.build; about a second, no leak check)."""
+    from autograder.student_release import build
+
+    return build(tmp_path_factory.mktemp("student") / "student-release")
+
+
+def test_the_path_rule():
+    text = ("Run `python train_ddp.py` and `bash launch_multinode_ddp.sh`; see [the script](train_single.py),\n"
+            "`deploy/kuberay/`, `ray up deploy/cluster.yaml`, `course/07_scaling_up/train_ray_fsdp2.py`,\n"
+            "https://docs.ray.io/en/latest/train/api.py s3://bucket/ray-train-course/x.yaml `ray.train.report`,\n"
+            "/mnt/cluster_storage/ray-train-course ~/.ray/auth_token `zero_to_fp32.py` metrics.json model.pt\n"
+            "```bash\nmake venv\n```\nto make sure")
+    paths, links, makes = named_paths(text, markdown=True)
+    assert paths == {"train_ddp.py", "launch_multinode_ddp.sh", "train_single.py", "deploy/kuberay/",
+                     "deploy/cluster.yaml", "course/07_scaling_up/train_ray_fsdp2.py"}
+    assert links == {"train_single.py"} and makes == {"venv"}
+    code = 'answers = Path(STORAGE, f"{RUN}-answers.py"); argv = ["bash", "launch_multinode_ddp.sh"]  # make 2'
+    assert named_paths(code, markdown=False) == ({"launch_multinode_ddp.sh"}, set(), set())
+
+
+def test_every_path_the_released_notebooks_name_is_in_the_release(student_release):
+    """What module 07 tells students to run (`python deploy/up.py`, `kubectl apply -f
+    deploy/kuberay/...`, `docker build -f deploy/Dockerfile .`), the scripts each notebook links, and the
+    files and make targets of the student README are in `make release`'s folder."""
+    missing = missing_paths(student_release)
+    assert not missing, "named but not in the student release:\n" + "\n".join(missing)
+
+
+def test_the_course_image_builds_from_the_release_root(student_release):
+    """Every Dockerfile under deploy/ copies only what the release has (`docker build -f deploy/Dockerfile .`
+    from the release root)."""
+    dockerfiles = sorted((student_release / "deploy").glob("Dockerfile*"))
+    assert dockerfiles, "deploy/Dockerfile is not in the student release"
+    for dockerfile in dockerfiles:
+        for line in dockerfile.read_text().splitlines():
+            words = line.split()
+            if words[:1] in (["COPY"], ["ADD"]) and not any(w.startswith("--from") for w in words):
+                sources = [w for w in words[1:-1] if not w.startswith("--")]
+                for src in sources:
+                    assert list(student_release.glob(src)), f"{dockerfile.name}: COPY {src} is not in the release"

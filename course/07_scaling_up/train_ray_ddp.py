@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 import ray.train
 import ray.train.torch
 from ray.train import Checkpoint, RunConfig
-from ray.train.torch import TorchConfig, TorchTrainer, prepare_data_loader, prepare_model
+from ray.train.torch import TorchTrainer, prepare_data_loader, prepare_model
 
 from coursekit import detect
 from coursekit.data import load_digits
@@ -30,20 +30,22 @@ from coursekit.models import ViT, accuracy
 from coursekit.planner import StepMeter
 from coursekit.raysetup import init_ray, storage_path
 from coursekit.runtime import SIZES
-from coursekit.scaling import make_scaling_config
+from coursekit.scaling import make_scaling_config, worker_resources
 
 
 def parse_args(argv=None) -> dict:
     rt = detect()
+    workers = worker_resources(rt)   # the cluster's workers (joined first), or this machine
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--global-batch-size", type=int, default=None)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--smoke-test", action="store_true", help="the smallest sizes (CI)")
     p.add_argument("--metrics-out", default=None, help="write losses, accuracy, throughput and memory here")
-    p.add_argument("--num-workers", type=int, default=rt.default_workers)
-    p.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=rt.use_gpu,
-                   help="one GPU per worker (default: yes where this machine or cluster has GPUs)")
+    p.add_argument("--num-workers", type=int, default=workers.default_workers,
+                   help="default: one per GPU of the cluster's workers, else 2")
+    p.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=workers.use_gpu,
+                   help="one GPU per worker (default: yes where the cluster's workers have GPUs)")
     args = p.parse_args(argv)
     sizes = SIZES["smoke"] if args.smoke_test else rt.sizes
     return {"epochs": args.epochs or sizes["epochs"], "lr": args.lr,
@@ -106,8 +108,8 @@ def main(argv=None) -> dict:
     init_ray(rt)
     scaling = make_scaling_config(cfg["num_workers"], cfg["use_gpu"], global_batch_size=cfg["global_batch_size"])
     run = RunConfig(storage_path=storage_path(rt), name=time.strftime("07-ray-ddp-%Y%m%d-%H%M%S"))
-    trainer = TorchTrainer(train_func, train_loop_config=cfg, scaling_config=scaling, run_config=run,
-                           torch_config=TorchConfig(backend=rt.backend))
+    # no TorchConfig(backend=...): Ray Train picks NCCL when each worker has a GPU, else gloo
+    trainer = TorchTrainer(train_func, train_loop_config=cfg, scaling_config=scaling, run_config=run)
     results = trainer.fit().metrics
     print({k: v for k, v in results.items() if k != "memory_by_rank"})
     if cfg["metrics_out"]:
