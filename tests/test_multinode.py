@@ -114,9 +114,13 @@ def local_cluster(tmp_path, head_resources: list[str], worker_resources: list[st
 
     def start(args, temp_dir, log, what):
         """`ray start ... --block`; wait until the node has written its address file (it is up)."""
+        node_env = env
+        if any(a.startswith("--num-gpus=") and a != "--num-gpus=0" for a in args):
+            # logical GPUs on a machine without any: Ray refuses them under an empty CUDA_VISIBLE_DEVICES
+            node_env = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
         for _ in range(START_ATTEMPTS):
             with open(log, "w") as out:
-                node = subprocess.Popen([RAY_CLI, "start", *args, f"--temp-dir={temp_dir}", *common], env=env,
+                node = subprocess.Popen([RAY_CLI, "start", *args, f"--temp-dir={temp_dir}", *common], env=node_env,
                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
             nodes.append(node)
             deadline = time.time() + NODE_START_S
