@@ -117,7 +117,7 @@ def notebooks(ctx: dict) -> dict:
                              COURSE_WALL_S, "<="))
     return {"figures": figures, "details": rows, "table": table,
             "how": "`coursekit.notebooks.execute` (papermill) on every solution notebook with COURSE_PLATFORM=binder "
-                   "(smoke sizes, lean Ray, CPU only); peak = PSS of the whole process tree sampled every second."}
+                   "(the cpu sizes Binder runs, lean Ray, CPU only); peak = PSS of the whole process tree sampled every second."}
 
 
 def fit_cost(ctx: dict) -> dict:

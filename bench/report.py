@@ -100,7 +100,7 @@ def _cpu_model() -> str:
 
 
 TITLES = {
-    "notebooks": "1. Notebooks in Binder/CPU mode (smoke sizes, lean Ray)",
+    "notebooks": "1. Notebooks in Binder/CPU mode (cpu sizes, lean Ray)",
     "fit_cost": "2. Ray Train fixed cost per fit() (2 CPU workers) vs torchrun",
     "throughput": "3. Steady-state throughput, module 02's ResNet18: Ray Train DDP vs torchrun DDP",
     "data": "4. Ray Data vs a DataLoader, module 03's preprocessing",
