@@ -4,12 +4,13 @@
 #
 #   make lab          JupyterLab on course/ (students)
 #   make test         the whole test suite (CI runs this)
+#   make test-fast    the tests not marked slow: the development loop (no notebooks, Ray runs or grading)
 #   make course       execute every solution notebook (CPU) into build/course, with timings
 #   make assignments  regenerate course/ from solutions/ with nbgrader (MODULE=03_ray_data: one module)
 #   make grade SUBMISSIONS=dir   autograde a folder (or LMS .zip) of submissions (instructors);
 #                GRADE_ARGS="--jobs 2 --timeout 300 --students roster.txt" passes options
 #   make release      the student-only copy in build/student-release, checked for answers and hidden tests
-#   make bench        the performance harness -> bench/results.json, bench/RESULTS.md (about 40 min, quiet machine)
+#   make bench        the performance harness -> bench/results.json, bench/RESULTS.md (long: run it alone on a quiet machine)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
@@ -22,7 +23,7 @@ LAB_ARGS ?=
 # JupyterLab refuses to run as root unless told; containers and CI machines often are root.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test course assignments grade release bench venv clean
+.PHONY: lab test test-fast course assignments grade release bench venv clean
 
 venv: $(STAMP)
 
@@ -31,8 +32,8 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	@# jsonschema's optional URI-syntax checker (rfc3987-syntax, pulled in by jupyter-events) compiles a grammar
-	@# when imported: 1.5 s in every process that imports Ray (each Ray Train worker, controller and helper
-	@# actor, every kernel). Nothing in the course validates URIs; without it jsonschema skips that format.
+	@# when imported, a start-up delay paid by every process that imports Ray (each Ray Train worker, controller
+	@# and helper actor, every kernel). Nothing in the course validates URIs; without it jsonschema skips that format.
 	$(PY) -m pip uninstall --quiet --yes rfc3987-syntax
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	@# the course kernel and the settings of nbgrader's Validate button
@@ -51,6 +52,9 @@ lab: $(STAMP)
 
 test: $(DEV_STAMP)
 	$(PY) -m pytest tests --durations=25
+
+test-fast: $(DEV_STAMP)
+	$(PY) -m pytest tests -m "not slow"
 
 course: $(DEV_STAMP)
 	$(PY) -m coursekit.notebooks solutions --out build/course

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.release import REPO, SOLUTIONS
+from autograder.paths import REPO, SOLUTIONS
 from autograder.samples import fill, solution_answers
 
 MODULE = "01_ddp_pytorch"     # the fastest module to grade (see README's instructor section)

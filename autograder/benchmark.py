@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from autograder.grade import grade
-from autograder.release import REPO, modules
+from autograder.paths import REPO, modules
 from autograder.samples import solution_answers, write_submission
 
 

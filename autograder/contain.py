@@ -41,10 +41,8 @@ What this module does for every submission (and what it does NOT do):
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -55,6 +53,7 @@ from pathlib import Path
 import psutil
 
 from autograder.release import tool_env
+from coursekit.proctree import kill_tree, sum_memory, tree
 
 KERNEL = "ray-train-course"
 
@@ -151,30 +150,6 @@ class Outcome:
     extra: dict = field(default_factory=dict)
 
 
-def _tree(proc: psutil.Process) -> list[psutil.Process]:
-    try:
-        return [proc, *proc.children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
-def _kill_tree(pid: int, known: list[psutil.Process], group: bool = True) -> None:
-    try:
-        known = {p.pid: p for p in [*known, *_tree(psutil.Process(pid))]}.values()
-    except psutil.Error:
-        pass
-    for p in known:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    if group:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
 def run_limited(cmd: list[str], cwd: Path, env: dict, timeout: float, memory: int,
                 log: Path) -> Outcome:
     """Run ``cmd`` in its own session; kill its whole tree past ``timeout`` s or ``memory`` bytes RSS."""
@@ -185,26 +160,21 @@ def run_limited(cmd: list[str], cwd: Path, env: dict, timeout: float, memory: in
         ps = psutil.Process(proc.pid)
         killed, peak, seen = "", 0, []
         while proc.poll() is None:
-            tree = _tree(ps)
-            seen = list({p.pid: p for p in [*seen, *tree]}.values())[-64:]
-            rss = 0
-            for p in tree:
-                try:
-                    rss += p.memory_info().rss
-                except psutil.Error:
-                    pass
+            procs = tree(ps)
+            seen = list({p.pid: p for p in [*seen, *procs]}.values())[-64:]
+            rss = sum_memory(procs, pss=False)
             peak = max(peak, rss)
             if rss > memory:
                 killed = "memory"
             elif time.perf_counter() - start > timeout:
                 killed = "timeout"
             if killed:
-                _kill_tree(proc.pid, seen)
+                kill_tree(proc.pid, known=seen, group=True)
                 proc.wait()
                 break
             time.sleep(0.2)
         # anything the worker left behind (a kernel that outlived it) goes too
-        _kill_tree(proc.pid, seen, group=False)
+        kill_tree(proc.pid, known=seen)
     return Outcome(proc.returncode, time.perf_counter() - start, killed, peak,
                    log.read_text(errors="replace")[-20000:])
 

@@ -33,8 +33,8 @@ What happens:
    detail; status is one of graded, timed out, kernel died, invalid notebook, tests modified,
    missing. ``OUT/timings.json`` has grading seconds per submission per module.
 
-Reruns are incremental: a (student, module) whose submission folder and module source (and
-grader version) hash the same as last time is not graded again (``OUT/cache.json``); a
+Reruns are incremental: a (student, module) whose submission folder, module source, nbgrader config
+and grading code (autograder/, coursekit/, nbgrader's version) hash the same as last time is not graded again (``OUT/cache.json``); a
 timed-out or killed one is retried when the limits changed. Rerunning on the same input gives
 the same grades.csv and no duplicate gradebook rows.
 Notebooks run with ``COURSE_GRADING=1`` (their parameters cell skips the demo training runs),
@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import hashlib
 import html
 import json
@@ -58,9 +59,8 @@ from pathlib import Path
 
 from autograder.collect import Found, collect
 from autograder.contain import jail_available, run_limited, write_kernelspec
-from autograder.release import CONFIG, REPO, SOLUTIONS, modules
+from autograder.paths import CONFIG, REPO, SOLUTIONS, modules, tool_env
 
-GRADER_VERSION = "2"
 STATUSES = ("graded", "tests modified", "timed out", "kernel died", "invalid notebook", "missing")
 FIELDS = ["student", "module", "score", "max_score", "status", "seconds", "detail"]
 DEFAULT_TIMEOUT = 300          # seconds per submission (wall clock, kernel start included)
@@ -87,9 +87,8 @@ def _api(root: Path):
     from nbgrader.apps import NbGraderAPI
     from traitlets.config.loader import PyFileConfigLoader
 
-    bindir = str(Path(sys.executable).parent)      # nbgrader runs `alembic` from PATH
-    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = os.pathsep.join([bindir, os.environ.get("PATH", "")])
+    if str(Path(sys.executable).parent) not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = tool_env()["PATH"]     # nbgrader runs `alembic` from PATH: this venv's bin/
     return NbGraderAPI(config=PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config())
 
 
@@ -102,10 +101,29 @@ def _hash_folder(folder: Path, h=None) -> "hashlib._Hash":
     return h
 
 
+def _code_hash() -> str:
+    """The code a grade depends on besides the module: the grader (this package: how a notebook is run,
+    limited and scored), coursekit (what the notebooks import, check_concept included) and nbgrader."""
+    import nbgrader
+
+    h = hashlib.sha256(f"nbgrader {nbgrader.__version__}\0".encode())
+    for folder in (REPO / "autograder", REPO / "coursekit"):
+        for p in sorted(folder.glob("*.py")):
+            h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def module_hash(module: str) -> str:
-    h = hashlib.sha256(f"grader {GRADER_VERSION}\0".encode())
+    """What every grade of ``module`` depends on: its source (hidden tests included), the course's
+    nbgrader config and the grading code. A change to any of them regrades the module."""
+    h = hashlib.sha256(_code_hash().encode())
     h.update(CONFIG.read_bytes())
     return _hash_folder(SOLUTIONS / module, h).hexdigest()
+
+
+def cache_key(f: Found) -> str:
+    """A submission's cache key: its module's hash and the submitted folder's files."""
+    return _hash_folder(f.folder, hashlib.sha256(module_hash(f.module).encode())).hexdigest()
 
 
 def _register(root: Path, module: str) -> None:
@@ -193,8 +211,10 @@ def precheck(notebook: Path, template: Path, module: str) -> tuple[str, str]:
 
 # ---------------------------------------------------------------- one submission
 
-def _hidden_paths(out: Path, submissions: Path, jobs_base: Path) -> list[Path]:
-    paths = [SOLUTIONS, REPO / ".git", REPO / "build", out, jobs_base]
+def _hidden_paths(out: Path, submissions: Path) -> list[Path]:
+    """What a submission's kernel must not see: the solutions, the repository's history and builds, the
+    grading output (other students' work, the gradebook) and the submissions."""
+    paths = [SOLUTIONS, REPO / ".git", REPO / "build", out]
     if submissions.is_dir():
         paths.append(submissions)
     else:
@@ -297,6 +317,171 @@ def _plain_feedback(main: Path, row: dict) -> None:
         f"<p>{html.escape(row['detail'])}</p>", encoding="utf-8")
 
 
+# ---------------------------------------------------------------- planning: what to run
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One submission to autograde in its own process."""
+
+    found: Found
+    key: str           # cache key: what its grade depends on (see cache_key)
+    detail: str        # notes for its row (from collecting it; read-only cells it changed)
+    timeout: float     # seconds
+    status: str        # its status if nbgrader grades it: "graded", or "tests modified"
+
+
+class Cache:
+    """``OUT/cache.json``: the last row of each (student, module) and the key it was graded under."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.entries = json.loads(path.read_text()) if path.exists() else {}
+
+    def row(self, f: Found, key: str, limits: list, main: Path) -> dict | None:
+        """The cached row if nothing it depends on changed (a timed-out or killed one: nor the limits)."""
+        hit = self.entries.get(f"{f.student}/{f.module}")
+        if not hit or hit["key"] != key:
+            return None
+        if hit["row"]["status"] in ("timed out", "kernel died") and hit["limits"] != limits:
+            return None
+        if not (main / "feedback" / f.student / f.module).exists():   # the gradebook lost it
+            return None
+        return dict(hit["row"])
+
+    def store(self, f: Found, key: str, row: dict, limits: list) -> None:
+        self.entries[f"{f.student}/{f.module}"] = {"key": key, "row": row, "limits": limits}
+        self.path.write_text(json.dumps(self.entries, indent=1, sort_keys=True, ensure_ascii=False))
+
+
+def plan(found: list[Found], wanted: list[str], templates: dict[str, Path], main: Path, cache: Cache,
+         timeout: float, memory: int, max_scores: dict[str, float]) -> tuple[dict, list[Job], int]:
+    """(rows known without running anything, jobs to run, how many rows came from the cache).
+
+    A submission is not run when its cached row still holds or when the pre-check finds it invalid."""
+    rows: dict[tuple[str, str], dict] = {}
+    jobs: list[Job] = []
+    n_cached = 0
+    limits = [timeout, memory]
+    for f in found:
+        if f.module not in wanted:
+            continue
+        key = cache_key(f)
+        cached = cache.row(f, key, limits, main)
+        if cached is not None:
+            rows[(f.student, f.module)] = cached
+            n_cached += 1
+            continue
+        invalid, modified = (f.invalid, "") if f.invalid else precheck(
+            f.folder / f"{f.module}.ipynb", templates[f.module], f.module)
+        if invalid:
+            row = {"student": f.student, "module": f.module, "score": 0.0, "max_score": max_scores[f.module],
+                   "seconds": 0.0, "status": "invalid notebook", "detail": invalid}
+            _forget(main, f.student, f.module)
+            _plain_feedback(main, row)
+            rows[(f.student, f.module)] = row
+            cache.store(f, key, row, limits)
+            continue
+        detail = "; ".join(x for x in (f.detail, modified and f"read-only cells changed: {modified}") if x)
+        jobs.append(Job(f, key, detail, timeout, "tests modified" if modified else "graded"))
+    return rows, jobs, n_cached
+
+
+def slowest_first(jobs: list[Job], timings: Path) -> list[Job]:
+    """By the last run's mean seconds per module, so that a long submission does not start last."""
+    previous = {}
+    if timings.exists():
+        try:
+            previous = {m: t["mean_s"] for m, t in json.loads(timings.read_text())["seconds_per_submission"].items()}
+        except (ValueError, KeyError):
+            previous = {}
+    return sorted(jobs, key=lambda j: (-previous.get(j.found.module, 0.0), j.found.module, j.found.student))
+
+
+# ---------------------------------------------------------------- running: each job in its process
+
+def run_jobs(jobs: list[Job], templates: dict[str, Path], hide_also: list[Path], workers: int, memory: int,
+             quiet: bool):
+    """Run the jobs, ``workers`` at a time; yield (job, run) as each one finishes (see run_job)."""
+    jobs_base = Path(tempfile.mkdtemp(prefix="course-grading-"))
+    hide = [*hide_also, jobs_base.resolve()]
+    try:
+        from tqdm import tqdm
+        bar = tqdm(total=len(jobs), disable=quiet or not jobs, unit="notebook", file=sys.stderr)
+    except ImportError:  # pragma: no cover
+        bar = None
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(run_job, j.found, templates[j.found.module], jobs_base, hide, j.timeout, memory): j
+                       for j in jobs}
+            for fut in as_completed(futures):
+                job = futures[fut]
+                run = fut.result()
+                try:
+                    yield job, run
+                finally:
+                    shutil.rmtree(run["job"], ignore_errors=True)
+                if bar is not None:
+                    bar.set_postfix_str(f"{job.found.student}/{job.found.module}", refresh=False)
+                    bar.update()
+    finally:
+        if bar is not None:
+            bar.close()
+        shutil.rmtree(jobs_base, ignore_errors=True)
+
+
+def record(job: Job, run: dict, main: Path, out: Path, max_score: float, memory: int) -> dict:
+    """The row of a finished job: its grades merged into the main gradebook (or forgotten), its feedback
+    and its log."""
+    f = job.found
+    status, why = _status(run, job.timeout, memory)
+    row = {"student": f.student, "module": f.module, "score": 0.0, "max_score": max_score,
+           "seconds": round(run["outcome"].seconds, 1), "peak_rss_mib": round(run["outcome"].peak_rss / 2**20)}
+    if status == "graded":
+        row["score"] = round(merge(main, run, f.student, f.module), 2)
+        status = job.status
+        if run["result"].get("feedback") is False:
+            why = "feedback could not be generated"
+    else:
+        _forget(main, f.student, f.module)
+    row["status"] = status
+    row["detail"] = "; ".join(x for x in (job.detail, why) if x)
+    if status not in ("graded", "tests modified"):
+        _plain_feedback(main, row)
+    logdir = out / "logs" / f.student
+    logdir.mkdir(parents=True, exist_ok=True)
+    (logdir / f"{f.module}.log").write_text(
+        run["outcome"].output + "\n" + run["result"].get("log", "") + run["result"].get("error", ""))
+    return row
+
+
+# ---------------------------------------------------------------- reports
+
+def write_reports(out: Path, main: Path, table: list[dict], wanted: list[str], workers: int, graded_now: int,
+                  wall_s: float) -> None:
+    """grades.csv, the feedback folder (one page per row that was graded) and timings.json."""
+    with open(out / "grades.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows({k: r[k] for k in FIELDS} for r in table)
+    fb = out / "feedback"
+    shutil.rmtree(fb, ignore_errors=True)
+    for r in table:
+        src = main / "feedback" / r["student"] / r["module"]
+        if r["status"] != "missing" and src.exists():
+            shutil.copytree(src, fb / r["student"] / r["module"])
+    timings = {}
+    for m in wanted:
+        secs = sorted(r["seconds"] for r in table if r["module"] == m and r["status"] in ("graded", "tests modified"))
+        if secs:
+            peaks = [r.get("peak_rss_mib", 0) for r in table if r["module"] == m]
+            timings[m] = {"submissions": len(secs), "mean_s": round(sum(secs) / len(secs), 1),
+                          "median_s": secs[len(secs) // 2], "max_s": secs[-1],
+                          "max_tree_rss_mib": max(peaks)}
+    (out / "timings.json").write_text(json.dumps(
+        {"seconds_per_submission": timings, "jobs": workers, "graded_this_run": graded_now,
+         "wall_s": round(wall_s, 1), "cpu_count": os.cpu_count()}, indent=1))
+
+
 # ---------------------------------------------------------------- the class
 
 def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bool = False,
@@ -322,7 +507,7 @@ def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bo
     found, unmatched = collect(submissions, out, all_modules)
     wanted = list(only) if only else sorted({f.module for f in found})
     students = sorted({f.student for f in found} | set(roster or ()))
-    jobs = max(1, jobs or os.cpu_count() or 1)
+    workers = max(1, jobs or os.cpu_count() or 1)
     memory = int(memory or DEFAULT_MEMORY)
     run_start = time.perf_counter()
 
@@ -332,123 +517,23 @@ def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bo
         max_scores = {m: gb.find_assignment(m).max_score for m in wanted}
         for s in students:
             gb.update_or_create_student(s)
-    cache_file = out / "cache.json"
-    cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
-    rows: dict[tuple[str, str], dict] = {}
-    todo: list[tuple[Found, str, str, float, str]] = []
-    n_cached = 0
-    for f in found:
-        if f.module not in wanted:
-            continue
-        limit = float(timeout or DEFAULT_TIMEOUT)
-        key = _hash_folder(f.folder, hashlib.sha256(module_hash(f.module).encode())).hexdigest()
-        hit = cache.get(f"{f.student}/{f.module}")
-        if hit and hit["key"] == key and (hit["row"]["status"] not in ("timed out", "kernel died")
-                                          or hit["limits"] == [limit, memory]) \
-                and (main / "feedback" / f.student / f.module).exists():   # (the gradebook has it)
-            rows[(f.student, f.module)] = dict(hit["row"])
-            n_cached += 1
-            continue
-        base = {"student": f.student, "module": f.module, "score": 0.0,
-                "max_score": max_scores[f.module], "seconds": 0.0}
-        invalid, modified = ("", "") if not f.invalid else (f.invalid, "")
-        if not invalid:
-            invalid, modified = precheck(f.folder / f"{f.module}.ipynb", templates[f.module], f.module)
-        if invalid:
-            row = {**base, "status": "invalid notebook", "detail": invalid}
-            _forget(main, f.student, f.module)
-            _plain_feedback(main, row)
-            rows[(f.student, f.module)] = row
-            cache[f"{f.student}/{f.module}"] = {"key": key, "row": row, "limits": [limit, memory]}
-            continue
-        detail = "; ".join(x for x in (f.detail, modified and f"read-only cells changed: {modified}") if x)
-        todo.append((f, key, detail, limit, "tests modified" if modified else "graded"))
-
-    # slowest first (by last run's seconds per module), so that a long one does not start last
-    previous = {}
-    if (out / "timings.json").exists():
-        try:
-            previous = {m: t["mean_s"] for m, t in
-                        json.loads((out / "timings.json").read_text())["seconds_per_submission"].items()}
-        except (ValueError, KeyError):
-            previous = {}
-    todo.sort(key=lambda t: (-previous.get(t[0].module, 0.0), t[0].module, t[0].student))
+    cache = Cache(out / "cache.json")
+    rows, todo, n_cached = plan(found, wanted, templates, main, cache, float(timeout or DEFAULT_TIMEOUT),
+                                memory, max_scores)
+    todo = slowest_first(todo, out / "timings.json")
     if todo:
-        say(f"grading {len(todo)} submission(s) of {len(wanted)} module(s), {jobs} at a time"
+        say(f"grading {len(todo)} submission(s) of {len(wanted)} module(s), {workers} at a time"
             f"{'' if jail_available() else ' (no mount namespace: kernels see the whole filesystem)'}")
-    jobs_base = Path(tempfile.mkdtemp(prefix="course-grading-"))
-    hide = _hidden_paths(out, submissions, jobs_base)
-    try:
-        from tqdm import tqdm
-        bar = tqdm(total=len(todo), disable=quiet or not todo, unit="notebook", file=sys.stderr)
-    except ImportError:  # pragma: no cover
-        bar = None
-    try:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(run_job, f, templates[f.module], jobs_base, hide, limit, memory):
-                       (f, key, detail, limit, ok) for f, key, detail, limit, ok in todo}
-            for fut in as_completed(futures):
-                f, key, detail, limit, ok = futures[fut]
-                run = fut.result()
-                status, why = _status(run, limit, memory)
-                row = {"student": f.student, "module": f.module, "score": 0.0,
-                       "max_score": max_scores[f.module], "seconds": round(run["outcome"].seconds, 1),
-                       "peak_rss_mib": round(run["outcome"].peak_rss / 2**20)}
-                if status == "graded":
-                    row["score"] = round(merge(main, run, f.student, f.module), 2)
-                    status = ok
-                    if run["result"].get("feedback") is False:
-                        why = "feedback could not be generated"
-                else:
-                    _forget(main, f.student, f.module)
-                row["status"] = status
-                row["detail"] = "; ".join(x for x in (detail, why) if x)
-                if status not in ("graded", "tests modified"):
-                    _plain_feedback(main, row)
-                logdir = out / "logs" / f.student
-                logdir.mkdir(parents=True, exist_ok=True)
-                (logdir / f"{f.module}.log").write_text(
-                    run["outcome"].output + "\n" + run["result"].get("log", "") + run["result"].get("error", ""))
-                shutil.rmtree(run["job"], ignore_errors=True)
-                rows[(f.student, f.module)] = row
-                cache[f"{f.student}/{f.module}"] = {"key": key, "row": row, "limits": [limit, memory]}
-                cache_file.write_text(json.dumps(cache, indent=1, sort_keys=True, ensure_ascii=False))
-                if bar is not None:
-                    bar.set_postfix_str(f"{f.student}/{f.module}: {status}", refresh=False)
-                    bar.update()
-    finally:
-        if bar is not None:
-            bar.close()
-        shutil.rmtree(jobs_base, ignore_errors=True)
-    cache_file.write_text(json.dumps(cache, indent=1, sort_keys=True, ensure_ascii=False))
+    for job, run in run_jobs(todo, templates, _hidden_paths(out, submissions), workers, memory, quiet):
+        f = job.found
+        row = record(job, run, main, out, max_scores[f.module], memory)
+        rows[(f.student, f.module)] = row
+        cache.store(f, job.key, row, [job.timeout, memory])
 
-    table = []
-    for s in students:
-        for m in wanted:
-            table.append(rows.get((s, m)) or {"student": s, "module": m, "score": 0.0,
-                                              "max_score": max_scores[m], "status": "missing",
-                                              "seconds": 0.0, "detail": ""})
-    with open(out / "grades.csv", "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows({k: r[k] for k in FIELDS} for r in table)
-    fb = out / "feedback"
-    shutil.rmtree(fb, ignore_errors=True)
-    for r in table:
-        src = main / "feedback" / r["student"] / r["module"]
-        if r["status"] != "missing" and src.exists():
-            shutil.copytree(src, fb / r["student"] / r["module"])
-    timings = {}
-    for m in wanted:
-        secs = sorted(r["seconds"] for r in table if r["module"] == m and r["status"] in ("graded", "tests modified"))
-        if secs:
-            peaks = [r.get("peak_rss_mib", 0) for r in table if r["module"] == m]
-            timings[m] = {"submissions": len(secs), "mean_s": round(sum(secs) / len(secs), 1),
-                          "median_s": secs[len(secs) // 2], "max_s": secs[-1],
-                          "max_tree_rss_mib": max(peaks)}
-    (out / "timings.json").write_text(json.dumps(
-        {"seconds_per_submission": timings, "jobs": jobs, "graded_this_run": len(todo),
-         "wall_s": round(time.perf_counter() - run_start, 1), "cpu_count": os.cpu_count()}, indent=1))
+    table = [rows.get((s, m)) or {"student": s, "module": m, "score": 0.0, "max_score": max_scores[m],
+                                  "status": "missing", "seconds": 0.0, "detail": ""}
+             for s in students for m in wanted]
+    write_reports(out, main, table, wanted, workers, len(todo), time.perf_counter() - run_start)
     counts = Counter(r["status"] for r in table)
     say("summary: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s])
         + f" ({len(todo)} run now, {n_cached} unchanged since the last run)")

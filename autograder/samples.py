@@ -11,7 +11,7 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.release import SOLUTIONS
+from autograder.paths import SOLUTIONS
 
 REPO = SOLUTIONS.parent
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.release import REPO, SOLUTIONS, modules
+from autograder.paths import REPO, SOLUTIONS, modules
 
 MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
 PARTS = ("course", "coursekit", "binder", "deploy", "requirements.txt", "environment.yml", "pyproject.toml")

@@ -1,6 +1,6 @@
 """The course's performance harness: ``python -m bench`` (``make bench``).
 
-Measures, in one run, what issue 9 asks for and writes ``results.json`` and ``RESULTS.md``
+Measures, in one run, the course's performance targets and writes ``results.json`` and ``RESULTS.md``
 (machine, versions, date, git commit; each figure next to its target with the ratio):
 
 1. ``notebooks``   every solution notebook in Binder/CPU mode: wall time and peak PSS of the whole tree

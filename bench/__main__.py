@@ -15,7 +15,7 @@ from bench.report import REPO, figure, machine, markdown
 
 SECTIONS = ["notebooks", "fit_cost", "throughput", "data", "grading", "memory"]
 
-# Targets (issue 9)
+# Targets: what the course promises (README, `make bench`); RESULTS.md sets each figure against its target
 COURSE_WALL_S = 600          # every notebook, CPU mode, in at most 10 minutes
 NOTEBOOK_PEAK_MIB = 2048     # each notebook at most 2 GiB in Binder mode
 FIT_COST_S = 15              # one trivial 2-worker fit()
@@ -24,7 +24,8 @@ GRADING_S = 30               # per submission per module
 MEMORY_TOLERANCE = 0.10      # measured / predicted model state per rank
 
 
-# psutil's process start times read ~0.4 s early on this VM: a process made at ray.init is seconds older
+# psutil's process start times can read a fraction of a second early (whole-second boot time plus clock ticks),
+# so a new process may seem slightly older than the request for it; one prestarted at ray.init is seconds older
 PRESTARTED_S = -1.0
 
 
@@ -283,8 +284,8 @@ FUNCS = {"notebooks": notebooks, "fit_cost": fit_cost, "throughput": throughput,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="The course's performance harness (issue 9).")
-    p.add_argument("--short", action="store_true", help="smallest settings, same code paths (CI, about 4 min)")
+    p = argparse.ArgumentParser(description="The course's performance harness.")
+    p.add_argument("--short", action="store_true", help="smallest settings, same code paths (CI: a fraction of the full run's time)")
     p.add_argument("--out", type=Path, default=REPO / "bench", help="where results.json and RESULTS.md go")
     p.add_argument("--only", default=None, help=f"comma-separated sections (default: all of {', '.join(SECTIONS)})")
     args = p.parse_args(argv)

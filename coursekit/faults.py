@@ -152,26 +152,14 @@ def quiet_failure_logs():
     if os.environ.get("COURSE_RAY_VERBOSE") == "1":
         yield
         return
+    from coursekit.raysetup import restore_log_printer, set_log_printer
+
     try:
-        from ray._private import worker as ray_worker
-
-        dispatcher = ray_worker.global_worker_stdstream_dispatcher
-        ignore_prefix = ray_worker._should_ignore_worker_log_prefix(ray_worker.global_worker)
-
-        def keep_essentials(data):
-            lines = [ln for ln in data.get("lines", []) if _FAILURE_KEEP.search(ln)]
-            if lines:
-                ray_worker.print_to_stdstream({**data, "lines": lines}, ignore_prefix=ignore_prefix)
-
-        previous = dict(dispatcher.handlers).get("ray_print_logs")  # the course's filter, or Ray's own
-        dispatcher.remove_handler("ray_print_logs")
-        dispatcher.add_handler("ray_print_logs", keep_essentials)
+        previous = set_log_printer(lambda data: [ln for ln in data.get("lines", []) if _FAILURE_KEEP.search(ln)])
     except Exception:  # another Ray: show everything rather than fail
         yield
         return
     try:
         yield
     finally:
-        dispatcher.remove_handler("ray_print_logs")
-        if previous is not None:
-            dispatcher.add_handler("ray_print_logs", previous)
+        restore_log_printer(previous)

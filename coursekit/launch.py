@@ -7,6 +7,8 @@ import signal
 import subprocess
 import time
 
+from coursekit.proctree import kill_tree
+
 
 def stream(jobs: dict[str, tuple[list[str], dict]], timeout_s: float = 1800) -> None:
     """Run ``{name: (argv, env)}`` side by side and print their output here as it arrives.
@@ -40,7 +42,7 @@ def stream(jobs: dict[str, tuple[list[str], dict]], timeout_s: float = 1800) -> 
     finally:
         for p in procs.values():
             if p.poll() is None:  # interrupted (or timed out): stop the launcher and its workers
-                os.killpg(p.pid, signal.SIGTERM)
+                kill_tree(p.pid, signal.SIGTERM, timeout=0, group=True)
                 p.wait()
             p.stdout.close()
     failed = {name: rc for name, rc in codes.items() if rc != 0}

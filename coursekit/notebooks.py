@@ -16,50 +16,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-import psutil
-
-
-def process_kind(p: psutil.Process) -> str:
-    """A short name for a process: Ray's title (``ray::RayTrainWorker``), the script, or the program."""
-    try:
-        cmd = p.cmdline()
-    except psutil.Error:
-        return "?"
-    if cmd and cmd[0].startswith("ray::"):
-        return cmd[0].split()[0]
-    scripts = [Path(a).name for a in cmd[1:3] if a.endswith(".py")]
-    if "-m" in cmd[1:3]:
-        scripts = [cmd[cmd.index("-m") + 1]]
-    return scripts[0] if scripts else (Path(cmd[0]).name if cmd else p.name())
-
-
-def tree_pss(root: psutil.Process, by_kind: dict | None = None) -> int:
-    """Memory of ``root`` and all its descendants: proportional set size (RSS where PSS is unreadable).
-
-    Pass a dict as ``by_kind`` to also get ``[bytes, processes]`` per kind of process (see process_kind)."""
-    total = 0
-    try:
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0
-    for p in procs:
-        try:
-            size = p.memory_full_info().pss
-        except (psutil.Error, AttributeError):
-            try:
-                size = p.memory_info().rss
-            except psutil.Error:
-                continue
-        total += size
-        if by_kind is not None:
-            entry = by_kind.setdefault(process_kind(p), [0, 0])
-            entry[0] += size
-            entry[1] += 1
-    return total
+from coursekit.proctree import PeakSampler, kill_tree
+from coursekit.proctree import process_kind, tree_pss  # noqa: F401  (still importable from here)
 
 
 def execute(notebook: Path, out: Path, parameters: dict | None = None, env: dict | None = None,
@@ -81,30 +42,13 @@ def execute(notebook: Path, out: Path, parameters: dict | None = None, env: dict
     start = time.perf_counter()
     with open(log, "w") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=run_env)
-        peak, peak_by_kind = 0, {}
-        stop = threading.Event()
-
-        def sample():
-            nonlocal peak, peak_by_kind
-            ps = psutil.Process(proc.pid)
-            while not stop.is_set():
-                by_kind: dict = {}
-                total = tree_pss(ps, by_kind)
-                if total > peak:
-                    peak, peak_by_kind = total, by_kind
-                stop.wait(1.0)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        try:
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            for child in psutil.Process(proc.pid).children(recursive=True):
-                child.kill()
-            proc.kill()
-            returncode = -9
-        stop.set()
-        sampler.join()
+        with PeakSampler(proc.pid, interval_s=1.0) as sampler:
+            try:
+                returncode = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                kill_tree(proc.pid)
+                returncode = -9
+        peak, peak_by_kind = sampler.peak, sampler.peak_by_kind
     wall = time.perf_counter() - start
     record = json.loads(record_file.read_text()) if record_file.exists() else {}
     return {"notebook": str(notebook), "output": str(out), "log": str(log), "returncode": returncode,

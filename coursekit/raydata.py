@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coursekit.notebooks import tree_pss
+from coursekit.proctree import tree, tree_pss
 from coursekit.scaling import ScalingError, cluster_resources
 
 # -- the course digits as files ------------------------------------------------------------
@@ -289,7 +289,7 @@ def _find_raylet():
     for p in [me, *me.parents()]:
         if p.name() == "raylet":
             return p
-    for p in me.children(recursive=True):
+    for p in tree(me)[1:]:
         if p.name() == "raylet":
             return p
     return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from coursekit.runtime import Runtime, detect
@@ -71,6 +72,10 @@ LEAN_SYSTEM_CONFIG = {"enable_worker_prestart": False, "prestart_worker_first_dr
 START_SYSTEM_CONFIG = {"worker_maximum_startup_concurrency": 8}
 
 
+# The name under which Ray's driver prints its workers' log lines (a handler of its stdstream dispatcher).
+_LOG_PRINTER = "ray_print_logs"
+
+
 def _is_noise(actor: str, line: str) -> bool:
     if actor in _NOISY_ACTORS:
         return True
@@ -79,25 +84,49 @@ def _is_noise(actor: str, line: str) -> bool:
     return bool(_NOISE.search(line))
 
 
+def set_log_printer(select_lines: Callable[[dict], list[str]]) -> Callable | None:
+    """Make Ray's driver print only ``select_lines(batch)`` of each batch of worker log lines
+    (a batch is Ray's dict with ``lines`` and ``actor_name``). Returns the printer it replaced
+    (the course's filter or Ray's own; None if there was none), for :func:`restore_log_printer`.
+    Raises if this Ray has no such printer (its internals changed)."""
+    from ray._private import worker as ray_worker
+
+    dispatcher = ray_worker.global_worker_stdstream_dispatcher
+    ignore_prefix = ray_worker._should_ignore_worker_log_prefix(ray_worker.global_worker)
+
+    def printer(data):
+        lines = select_lines(data)
+        if lines:
+            ray_worker.print_to_stdstream({**data, "lines": lines}, ignore_prefix=ignore_prefix)
+
+    previous = dict(getattr(dispatcher, "handlers", ())).get(_LOG_PRINTER)
+    dispatcher.remove_handler(_LOG_PRINTER)
+    dispatcher.add_handler(_LOG_PRINTER, printer)
+    return previous
+
+
+def restore_log_printer(previous: Callable | None) -> None:
+    """Put back the printer :func:`set_log_printer` replaced."""
+    from ray._private import worker as ray_worker
+
+    dispatcher = ray_worker.global_worker_stdstream_dispatcher
+    dispatcher.remove_handler(_LOG_PRINTER)
+    if previous is not None:
+        dispatcher.add_handler(_LOG_PRINTER, previous)
+
+
+def _without_noise(data: dict) -> list[str]:
+    actor = data.get("actor_name") or ""
+    lines = data.get("lines", [])
+    if any(_NOISY_BATCH.search(ln) for ln in lines):
+        return []
+    return [ln for ln in lines if not _is_noise(actor, ln)]
+
+
 def _install_log_filter() -> bool:
     """Wrap Ray's driver-side log printer with the noise filter. False if Ray changed."""
     try:
-        from ray._private import worker as ray_worker
-
-        dispatcher = ray_worker.global_worker_stdstream_dispatcher
-        ignore_prefix = ray_worker._should_ignore_worker_log_prefix(ray_worker.global_worker)
-
-        def filtered(data):
-            actor = data.get("actor_name") or ""
-            lines = data.get("lines", [])
-            if any(_NOISY_BATCH.search(ln) for ln in lines):
-                return
-            lines = [ln for ln in lines if not _is_noise(actor, ln)]
-            if lines:
-                ray_worker.print_to_stdstream({**data, "lines": lines}, ignore_prefix=ignore_prefix)
-
-        dispatcher.remove_handler("ray_print_logs")
-        dispatcher.add_handler("ray_print_logs", filtered)
+        set_log_printer(_without_noise)
         return True
     except Exception:
         return False
