@@ -186,7 +186,23 @@ def build(into: Path) -> Path:
         elif src.exists():
             shutil.copy(src, into / part)
     shutil.copy(README, into / "README.md")
+    (into / "pyproject.toml").write_text(without_instructor_commands((REPO / "pyproject.toml").read_text()))
     return into
+
+
+def without_instructor_commands(pyproject: str) -> str:
+    """``pyproject`` without its ``[project.scripts]`` table (and the comment above it): those commands run
+    autograder/ and bench/, which the release does not have."""
+    lines = pyproject.splitlines(keepends=True)
+    if "[project.scripts]\n" not in lines:
+        return pyproject
+    start = end = lines.index("[project.scripts]\n")
+    while start > 0 and lines[start - 1].startswith("#"):
+        start -= 1
+    end += 1
+    while end < len(lines) and not lines[end].startswith("["):
+        end += 1
+    return "".join(lines[:start] + lines[end:])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""The performance harness (issue 9) runs without error in its short mode: every section measured,
+"""The performance harness (bench/) runs without error in its short mode: every section measured,
 every figure a number, RESULTS.md a row per figure with its target and ratio. (The figures themselves
 depend on the machine: the full run's RESULTS.md is the measurement, not this test.)"""
 import json
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 
 SECTIONS = ["notebooks", "fit_cost", "throughput", "data", "grading", "memory"]
 

@@ -30,7 +30,7 @@ import nbformat
 import pytest
 
 from coursekit.distributed import free_port
-from conftest import REPO, read_pins, wait_for_server
+from helpers import REPO, read_pins, wait_for_server
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ import pytest
 import ray
 import yaml
 
-from conftest import PY, REPO, read_pins
+from helpers import PY, REPO, read_pins
 
 DEPLOY = REPO / "deploy"
 BINDER = REPO / "binder"

@@ -14,7 +14,7 @@ import sys
 
 import yaml  # PyYAML comes with jupyter/ray
 
-from conftest import REPO, read_pins
+from helpers import REPO, read_pins
 
 COURSE_PINS = {
     "torch": "2.14.1", "torchvision": "0.29.1", "ray": "2.60.0", "deepspeed": "0.19.8", "nbgrader": "0.9.6",
@@ -59,6 +59,19 @@ def test_dev_requirements_are_the_course_set_plus_the_test_and_lint_tools():
     assert not set(dev) & set(course), f"pinned in both files: {sorted(set(dev) & set(course))}"
     # students need nbgrader for the Validate button: it stays in the course set
     assert "nbgrader" in course
+
+
+def test_pyproject_reads_the_course_set_and_its_extras_pin_the_dev_set():
+    """pyproject's dependencies are requirements.txt (read by setuptools); its extras copy requirements-dev.txt's
+    pins (setuptools cannot read that file's `-r` line), so they must not drift apart."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["tool"]["setuptools"]["dynamic"]["dependencies"] == {"file": ["requirements.txt"]}
+    extras = [r for group in project["project"]["optional-dependencies"].values() for r in group
+              if not r.startswith("coursekit[")]
+    pins = dict(r.split("==") for r in extras)
+    assert pins == dev_requirements(), (pins, dev_requirements())
 
 
 def test_students_get_no_dev_tools():
@@ -162,7 +175,7 @@ def test_readme_starts_with_the_two_commands_and_ci_runs_the_test_command():
 
 def test_importing_ray_does_not_compile_jsonschemas_uri_grammar():
     """make (and binder/postBuild) remove rfc3987-syntax: imported by jsonschema when present, it compiles a
-    grammar that costs every process importing Ray ~1.5 s here (Ray Train's workers, controller, helper actors)."""
+    grammar that delays the start of every process importing Ray (Ray Train's workers, controller, helper actors)."""
     code = "import sys, ray; print('rfc3987_syntax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False", "rfc3987-syntax is installed: `pip uninstall rfc3987-syntax` (see the Makefile)"

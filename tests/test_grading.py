@@ -79,7 +79,7 @@ def graded(tmp_path_factory):
             write_submission(subs, "right", module, {**reference, **right})
     write_submission(subs, "late", ms[0], solution_answers(ms[0]))          # only the first module
     out = tmp_path_factory.mktemp("grading")
-    # two submissions at a time (this machine has 2 cores); a generous limit: the machine is shared
+    # two submissions at a time (the test machines are small); a generous limit: the machine may be shared
     rows = grade(subs, out, only=ms, quiet=True, jobs=2, timeout=600)
     return out, {(r["student"], r["module"]): r for r in rows}
 

@@ -20,9 +20,9 @@ from autograder.grade import FIELDS, STATUSES, grade
 from autograder.release import REPO, SOLUTIONS, modules
 from autograder.samples import solution_answers, write_submission
 
-TIMEOUT = 100            # s per submission: a good module-01 notebook takes 20-45 s on a busy 2-core box
+TIMEOUT = 100            # s per submission: a few times what a good module-01 notebook needs on a busy small machine
 ROSTER = ["absent"]      # on the roster, submitted nothing: a 'missing' row
-MEMORY = 4 * 2**30       # a good module-01 grading peaks at ~2.6 GiB RSS summed over its tree (2 gloo ranks)
+MEMORY = 4 * 2**30       # above a good module-01 grading's RSS summed over its tree (2 gloo ranks), below a runaway's
 
 
 @pytest.fixture(scope="module")

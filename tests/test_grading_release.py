@@ -15,7 +15,7 @@ from autograder.grade import prepare
 from autograder.release import REPO, modules
 from autograder.student_release import build, leaks, main as release_main
 from coursekit.distributed import free_port
-from conftest import wait_for_server
+from helpers import wait_for_server
 
 
 def test_student_release_has_the_course_and_no_answers(tmp_path):

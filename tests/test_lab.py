@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 
 from coursekit.distributed import free_port
-from conftest import REPO, wait_for_server
+from helpers import REPO, wait_for_server
 
 
 @pytest.fixture(scope="module")

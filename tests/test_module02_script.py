@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from conftest import PY, REPO
+from helpers import PY, REPO
 
 SCRIPT_DIR = REPO / "solutions" / "02_ray_train"
 

@@ -21,7 +21,7 @@ from unittest import mock
 import pytest
 import torch
 
-from conftest import PY, REPO
+from helpers import PY, REPO
 
 MODULE = "04_fault_tolerance"
 SCRIPT_DIR = REPO / "solutions" / MODULE

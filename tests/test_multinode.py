@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import PY, REPO
+from helpers import PY, REPO
 from coursekit.distributed import free_port
 
 SCRIPT_DIR = REPO / "solutions" / "02_ray_train"

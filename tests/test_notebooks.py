@@ -6,25 +6,25 @@ import json
 import pytest
 
 from coursekit.notebooks import execute, find_notebooks
-from conftest import REPO
+from helpers import REPO
 
 NOTEBOOKS = find_notebooks(REPO / "solutions")
 RUNS = REPO / "build" / "notebook-runs"
 
 # Binder gives a session about 2 GiB.
 BINDER_MIB = 2048
-# Notebooks that do not fit in it yet, each with the ceiling that keeps it from growing further
-# (measured in Binder mode on this course's 2-core test machine plus ~15%; README "Binder" says where
-# the memory goes: each process that imports torch holds 400-600 MiB here, and one Ray Train fit on
-# 2 workers starts 2 workers, a controller and 4 helper actors).
-OVER_BUDGET_MIB = {            # MiB; in brackets the peak at the cpu size in a full test run alone
-    "01_ddp_pytorch": 3800,      # (3,066) two torchrun agents and two ResNet18 ranks, each importing torch
-    "02_ray_train": 7000,        # (5,520) the 4-worker demo (4 ResNet18 workers) + controller + helper actors
-    "03_ray_data": 5600,         # (4,210) Ray Data's tasks and split coordinator beside the training workers
-    "04_fault_tolerance": 6700,  # (5,401) two Tune trials at once, each a trainable + controller + worker
-    "05_fsdp2": 4300,            # (3,298)
-    "06_deepspeed": 4400,        # (3,438)
-    "07_scaling_up": 4700,       # (3,660)
+# Notebooks that do not fit in it yet, each with the ceiling that keeps it from growing further: its peak in
+# Binder mode at the cpu size plus a margin (README "Binder" has the peaks and says where the memory goes:
+# every process that imports torch holds hundreds of MiB, and one Ray Train fit on 2 workers starts 2 workers,
+# a controller and 4 helper actors).
+OVER_BUDGET_MIB = {            # MiB; what holds the memory
+    "01_ddp_pytorch": 3800,      # two torchrun agents and two ResNet18 ranks, each importing torch
+    "02_ray_train": 7000,        # the 4-worker demo (4 ResNet18 workers) + controller + helper actors
+    "03_ray_data": 5600,         # Ray Data's tasks and split coordinator beside the training workers
+    "04_fault_tolerance": 6700,  # two Tune trials at once, each a trainable + controller + worker
+    "05_fsdp2": 4300,
+    "06_deepspeed": 4400,
+    "07_scaling_up": 4700,
 }
 
 

@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 from coursekit.raysetup import _is_noise
-from conftest import PY
+from helpers import PY
 
 
 @pytest.mark.parametrize("actor, line, noise", [

@@ -9,7 +9,7 @@ import nbformat
 import pytest
 
 from autograder.release import modules
-from conftest import REPO
+from helpers import REPO
 
 COURSE = REPO / "course"
 
@@ -213,3 +213,15 @@ def test_the_course_image_builds_from_the_release_root(student_release):
                 sources = [w for w in words[1:-1] if not w.startswith("--")]
                 for src in sources:
                     assert list(student_release.glob(src)), f"{dockerfile.name}: COPY {src} is not in the release"
+
+
+def test_the_release_installs_no_instructor_commands(student_release):
+    """The repository's pyproject declares the instructor commands (course-grade, ...); the release has no
+    autograder/ or bench/, so its pyproject must not create commands that fail on their first import."""
+    import tomllib
+
+    released = tomllib.loads((student_release / "pyproject.toml").read_text())
+    ours = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "scripts" in ours["project"] and "scripts" not in released["project"]
+    assert {k: v for k, v in ours["project"].items() if k != "scripts"} == released["project"]
+    assert released["tool"] == ours["tool"]

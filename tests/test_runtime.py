@@ -87,7 +87,7 @@ def _cgroup_tree(tmp_path, files: dict[str, str], proc_cgroup: str):
     # a tighter limit on a parent group wins
     ({"cgroup.controllers": "cpu memory", "a/memory.max": str(2**30), "a/b/memory.max": str(4 * 2**30)},
      "0::/a/b\n", (None, 2**30)),
-    # cgroup v1 (this machine's kind): quota/period and limit_in_bytes; -1 and 2**63 mean no limit
+    # cgroup v1 (older Docker hosts): quota/period and limit_in_bytes; -1 and 2**63 mean no limit
     ({"cpu,cpuacct/docker/x/cpu.cfs_quota_us": "200000", "cpu,cpuacct/docker/x/cpu.cfs_period_us": "100000",
       "memory/docker/x/memory.limit_in_bytes": str(6 * 2**30),
       "memory/memory.limit_in_bytes": "9223372036854771712"},
@@ -157,7 +157,7 @@ def test_detect_in_a_real_cgroup_sees_its_cpu_quota_and_memory_limit(tmp_path):
     import subprocess
     import uuid
 
-    from conftest import PY
+    from helpers import PY
 
     made = []
     try:

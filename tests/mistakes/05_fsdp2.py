@@ -128,7 +128,7 @@ MORE_WRONG = [
             "        torch.save(state, os.path.join(directory, 'model_full.pt'))\n"),
     },
     {
-        # a CPU mesh written into the code: passes on this machine, fails on every GPU worker
+        # a CPU mesh written into the code: passes on a CPU-only machine, fails on every GPU worker
         "setup_fsdp": (
             "def setup_fsdp(config, device, **fsdp_kwargs):\n"
             "    mesh = init_device_mesh('cpu', (dist.get_world_size(),))\n"

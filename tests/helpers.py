@@ -1,0 +1,50 @@
+"""Constants and functions the tests share (fixtures live in conftest.py).
+
+Test modules import it as ``from helpers import ...``: pytest's default import mode puts the tests'
+folder (it has no ``__init__.py``) on ``sys.path`` before it imports a test module, as it does for
+conftest.py.
+"""
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+def read_pins(path: Path, strict: bool = True) -> dict[str, str]:
+    """name -> version of a pip requirements file's ``name==version`` lines. With ``strict``
+    every other non-comment line is an error; otherwise pip options (``-r``, ``--extra-index-url``)
+    are skipped."""
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?==([^\s;]+)", line)
+        if m:
+            pins[m.group(1).lower()] = m.group(3)
+        else:
+            assert not strict, f"{path.name}: {line!r} is not an exact pin (name==version)"
+    return pins
+
+
+def wait_for_server(get, proc, what: str, stop, timeout_s: float = 120) -> None:
+    """Poll ``get("/api/status")`` until a Jupyter server started as ``proc`` answers.
+
+    If it exits or does not answer in ``timeout_s``, ``stop(proc)`` and fail with its output."""
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            get("/api/status")
+            return
+        except Exception:
+            if time.time() > deadline or proc.poll() is not None:
+                stop(proc)
+                pytest.fail(f"{what} did not start: " + proc.stdout.read().decode()[-2000:])
+            time.sleep(1)
