@@ -12,11 +12,16 @@ What this module does for every submission (and what it does NOT do):
 * **Wall-clock limit.** The worker starts in its own session; after ``timeout`` seconds the
   parent kills every process of its tree (the kernel included, found with psutil, and the
   process group) with SIGKILL.
-* **Memory limit.** A watchdog in the parent sums the RSS of the worker's process tree every
-  0.2 s and kills the tree above ``memory`` bytes (RSS counts pages shared between forked
-  ranks twice, so the limit is conservative). A very fast allocation can overshoot the limit
-  by what it allocates in 0.2 s before it is killed. ``RLIMIT_AS`` is not used: torch
-  reserves far more address space than it uses.
+* **Memory limit.** Where this machine lets the grader create memory cgroups (cgroup v1's memory
+  hierarchy, or a cgroup v2 subtree with the memory controller delegated: root in a container,
+  CI machines; ``memory_cgroup_available()``), every job runs in a cgroup of its own whose limit
+  is ``memory`` bytes: the kernel never lets the tree hold more, and past it the OOM killer
+  kills the biggest process of the job (the notebook's kernel), which the job reports as
+  "kernel died" with the memory named. Elsewhere a watchdog in the parent sums the RSS of the
+  worker's process tree every 0.2 s and kills the tree above the limit (RSS counts pages shared
+  between forked ranks twice, so that limit is conservative, and a very fast allocation can
+  overshoot it by what it allocates in 0.2 s). ``RLIMIT_AS`` is not used: torch reserves far
+  more address space than it uses.
 * **What the student's kernel can see** (when ``unshare`` works, i.e. we are root or have
   CAP_SYS_ADMIN; ``jail_available()``): the kernel is started through ``JOB/jail.sh`` in a
   private mount namespace (``unshare --mount``) where ``/tmp`` is a fresh, empty 512 MiB
@@ -46,6 +51,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -150,31 +156,131 @@ class Outcome:
     extra: dict = field(default_factory=dict)
 
 
+class MemoryCgroup:
+    """A memory cgroup of its own for one job: ``limit`` bytes for every process put in it."""
+
+    def __init__(self, parent: Path, version: int, limit: int):
+        self.version = version
+        self.path = parent / f"course-grading-{uuid.uuid4().hex[:12]}"
+        self.path.mkdir()
+        try:
+            (self.path / ("memory.limit_in_bytes" if version == 1 else "memory.max")).write_text(str(int(limit)))
+            if version == 1:   # count swap too where the kernel accounts it, so the limit cannot be dodged
+                swap = self.path / "memory.memsw.limit_in_bytes"
+                if swap.exists():
+                    try:
+                        swap.write_text(str(int(limit)))
+                    except OSError:
+                        pass
+        except OSError:
+            self.remove()
+            raise
+
+    def enter_argv(self, cmd: list[str]) -> list[str]:
+        """``cmd`` started inside the group: the shell moves itself in, then becomes ``cmd`` (no race with
+        the children it starts later, and no ``preexec_fn`` in the grader's threads)."""
+        return ["sh", "-c", f'echo $$ > {shlex.quote(str(self.path / "cgroup.procs"))} && exec "$@"', "sh", *cmd]
+
+    def oom_kills(self) -> int:
+        """How many processes of the group the OOM killer killed for its limit."""
+        name = "memory.oom_control" if self.version == 1 else "memory.events"
+        try:
+            for line in (self.path / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def peak(self) -> int:
+        try:
+            return int((self.path / ("memory.max_usage_in_bytes" if self.version == 1 else "memory.peak")).read_text())
+        except (OSError, ValueError):
+            return 0
+
+    def remove(self) -> None:
+        for _ in range(50):          # its processes are gone; the kernel may take a moment to let it go
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+@lru_cache(maxsize=1)
+def _cgroup_parent() -> tuple[Path, int] | None:
+    """(folder, version) under which the grader may create memory cgroups, or None."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    candidates = []
+    for line in lines:
+        _, controllers, group = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            candidates.append((Path("/sys/fs/cgroup/memory") / group.lstrip("/"), 1))
+        elif controllers == "":
+            base = Path("/sys/fs/cgroup")
+            folder = base / group.lstrip("/")
+            try:   # v2: only where the memory controller is enabled for this group's children
+                if "memory" in (folder / "cgroup.subtree_control").read_text().split():
+                    candidates.append((folder, 2))
+            except OSError:
+                pass
+    for folder, version in candidates:
+        try:
+            MemoryCgroup(folder, version, 2**30).remove()
+            return folder, version
+        except OSError:
+            continue
+    return None
+
+
+def memory_cgroup_available() -> bool:
+    """True when each job can get a memory cgroup of its own (see the module's docstring)."""
+    return _cgroup_parent() is not None
+
+
 def run_limited(cmd: list[str], cwd: Path, env: dict, timeout: float, memory: int,
                 log: Path) -> Outcome:
-    """Run ``cmd`` in its own session; kill its whole tree past ``timeout`` s or ``memory`` bytes RSS."""
+    """Run ``cmd`` in its own session; kill its whole tree past ``timeout`` s, and hold it to ``memory``
+    bytes (a memory cgroup where there is one, else an RSS watchdog)."""
     start = time.perf_counter()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=tool_env(env), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        ps = psutil.Process(proc.pid)
-        killed, peak, seen = "", 0, []
-        while proc.poll() is None:
-            procs = tree(ps)
-            seen = list({p.pid: p for p in [*seen, *procs]}.values())[-64:]
-            rss = sum_memory(procs, pss=False)
-            peak = max(peak, rss)
-            if rss > memory:
+    parent = _cgroup_parent()
+    group = MemoryCgroup(*parent, memory) if parent else None
+    try:
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(group.enter_argv(cmd) if group else cmd, cwd=cwd, env=tool_env(env),
+                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+            ps = psutil.Process(proc.pid)
+            killed, peak, seen = "", 0, []
+            while proc.poll() is None:
+                procs = tree(ps)
+                seen = list({p.pid: p for p in [*seen, *procs]}.values())[-64:]
+                rss = sum_memory(procs, pss=False)
+                peak = max(peak, rss)
+                if rss > memory and group is None:
+                    killed = "memory"
+                elif time.perf_counter() - start > timeout:
+                    killed = "timeout"
+                if killed:
+                    kill_tree(proc.pid, known=seen, group=True)
+                    proc.wait()
+                    break
+                time.sleep(0.2)
+            # anything the worker left behind (a kernel that outlived it) goes too
+            kill_tree(proc.pid, known=seen)
+        if group is not None:
+            peak = max(peak, group.peak())
+            if not killed and group.oom_kills():
                 killed = "memory"
-            elif time.perf_counter() - start > timeout:
-                killed = "timeout"
-            if killed:
-                kill_tree(proc.pid, known=seen, group=True)
-                proc.wait()
-                break
-            time.sleep(0.2)
-        # anything the worker left behind (a kernel that outlived it) goes too
-        kill_tree(proc.pid, known=seen)
+    finally:
+        if group is not None:
+            group.remove()
     return Outcome(proc.returncode, time.perf_counter() - start, killed, peak,
                    log.read_text(errors="replace")[-20000:])
 
