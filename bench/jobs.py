@@ -173,7 +173,7 @@ class PngFolder:
     """torchvision-style image folder, as in module 03: (uint8 image, label) per PNG file."""
 
     def __init__(self, root):
-        from coursekit.raydata import require_files
+        from coursekit.data import require_files
 
         self.files = require_files(root, "*.png", "PNG images")
 
@@ -204,9 +204,8 @@ def data(short: bool) -> dict:
     from torch.utils.data import DataLoader
 
     import coursekit
-    from coursekit.data import load_digits
-    from coursekit.raydata import (configure_ray_data, local_ray_options, plan_resources, timed,
-                                   write_digits_image_folder)
+    from coursekit.data import load_digits, write_digits_image_folder
+    from coursekit.raydata import configure_ray_data, local_ray_options, plan_resources, timed
     from coursekit.raysetup import init_ray
 
     rt = coursekit.detect()

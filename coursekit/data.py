@@ -9,6 +9,10 @@ normalised exactly like the seeds' ``Normalize((0.5,), (0.5,))``.
 
 Both sources return the same thing: a :class:`Digits` with uint8 images for
 plotting and normalised float tensors for training.
+
+The same digits as real files, for the data-loading modules: Parquet
+(``write_digits_parquet``) and an image folder, one sub-folder per label
+(``write_digits_image_folder``).
 """
 from __future__ import annotations
 
@@ -140,3 +144,62 @@ def write_mnist_idx(root: str | Path, images: np.ndarray, labels: np.ndarray, tr
     with open(raw / f"{prefix}-labels-idx1-ubyte", "wb") as f:
         f.write(np.array([0x00000801, n], dtype=">i4").tobytes())
         f.write(labels.tobytes())
+
+
+# -- the course digits as files ------------------------------------------------------------
+
+
+def write_digits_parquet(digits, folder: str | Path, num_files: int = 4) -> list[Path]:
+    """Write ``digits`` (a coursekit.data.Digits) as ``num_files`` Parquet files.
+
+    Columns: ``image`` (uint8 28x28, stored as Ray's tensor extension type, so
+    ``ray.data.read_parquet`` gives it back as an ndarray column), ``label`` (int64) and
+    ``id`` (the row's index in ``digits``, to check later which rows arrived where).
+    Existing ``*.parquet`` files in ``folder`` are replaced."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from ray.data.extensions import ArrowTensorArray
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.parquet"):
+        old.unlink()
+    images = digits.images.numpy() if hasattr(digits.images, "numpy") else np.asarray(digits.images)
+    labels = digits.labels.numpy() if hasattr(digits.labels, "numpy") else np.asarray(digits.labels)
+    if len(images) == 0:
+        raise ValueError("no digits to write")
+    num_files = max(1, min(int(num_files), len(images)))
+    paths = []
+    for i, idx in enumerate(np.array_split(np.arange(len(images)), num_files)):
+        table = pa.table({"image": ArrowTensorArray.from_numpy(np.ascontiguousarray(images[idx])),
+                          "label": pa.array(labels[idx].astype(np.int64)),
+                          "id": pa.array(idx.astype(np.int64))})
+        path = folder / f"digits-{i:03d}.parquet"
+        pq.write_table(table, path)
+        paths.append(path)
+    return paths
+
+
+def write_digits_image_folder(digits, folder: str | Path) -> Path:
+    """Write ``digits`` as grayscale PNG files, ``folder/<label>/<index>.png`` (torchvision's ImageFolder layout)."""
+    from PIL import Image
+
+    folder = Path(folder)
+    images = digits.images.numpy() if hasattr(digits.images, "numpy") else np.asarray(digits.images)
+    labels = digits.labels.numpy() if hasattr(digits.labels, "numpy") else np.asarray(digits.labels)
+    for i, (img, label) in enumerate(zip(images, labels)):
+        sub = folder / str(int(label))
+        sub.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.asarray(img, dtype=np.uint8), mode="L").save(sub / f"{i:05d}.png")
+    return folder
+
+
+def require_files(folder: str | Path, pattern: str, what: str) -> list[Path]:
+    """The files matching ``pattern`` in ``folder``, or a FileNotFoundError that says how to make them."""
+    folder = Path(folder)
+    files = sorted(folder.rglob(pattern)) if folder.is_dir() else []
+    if not files:
+        raise FileNotFoundError(
+            f"No {what} ({pattern}) in {folder}. Run the cell that writes the course digits to disk "
+            "first (write_digits_parquet / write_digits_image_folder), or point the path at your data.")
+    return files

@@ -171,43 +171,6 @@ def bar_chart(table, ax=None, title: str = "Model state per rank"):
 
 # --- DeepSpeed ZeRO (module 06) -------------------------------------------------------
 
-#: bytes per parameter: (parameters, gradients, optimizer state) for Adam(W).
-#: "mixed": the ZeRO paper's model (fp16/bf16 parameters and gradients, K = 12 bytes of
-#: fp32 master weights + two fp32 moments). "fp32": what DeepSpeed 0.19 holds when the
-#: model trains in fp32 (CPU here): stage 0 is a plain torch optimizer (two moments, 8 bytes,
-#: no master copy); stages 1-3 keep a separate fp32 master partition even though the model
-#: is fp32 already (4 + 8 = 12), measured in module 06.
-ZERO_PRECISIONS = {
-    "mixed": {"params": 2, "grads": 2, "optimizer": {0: 12, 1: 12, 2: 12, 3: 12}},
-    "fp32": {"params": 4, "grads": 4, "optimizer": {0: 8, 1: 12, 2: 12, 3: 12}},
-}
-
-
-def zero_bytes(num_params: int, world_size: int, stage: int, precision: str = "mixed") -> dict[str, float]:
-    """Bytes of parameters, gradients and optimizer state per rank under ZeRO ``stage`` (0-3).
-
-    Stage 1 partitions the optimizer state over the ``world_size`` ranks, stage 2 also the
-    gradients, stage 3 also the parameters (Rajbhandari et al., "ZeRO", 2020:
-    (2 + 2 + K) x Psi per rank for DDP, K = 12 for mixed-precision Adam). ``precision``
-    is ``"mixed"`` (the paper) or ``"fp32"`` (see :data:`ZERO_PRECISIONS`).
-    Activations, communication buckets and allocator overhead are not model state and not
-    included."""
-    if stage not in (0, 1, 2, 3):
-        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, not {stage!r}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, not {world_size}")
-    try:
-        b = ZERO_PRECISIONS[precision]
-    except KeyError:
-        raise ValueError(f"precision must be one of {sorted(ZERO_PRECISIONS)}, not {precision!r}") from None
-    n = num_params
-    return {
-        "params": b["params"] * n / (world_size if stage >= 3 else 1),
-        "grads": b["grads"] * n / (world_size if stage >= 2 else 1),
-        "optimizer": b["optimizer"][stage] * n / (world_size if stage >= 1 else 1),
-    }
-
-
 def _storage(t: torch.Tensor) -> tuple[int, int]:
     s = t.untyped_storage()
     return s.data_ptr(), s.nbytes()
@@ -275,3 +238,11 @@ def zero_rank_bytes(engine) -> dict[str, int]:
         _reachable_tensors(vars(zero_opt), rest, set())
     grads = add(rest)
     return {"params": params, "grads": grads, "optimizer": moments + master, "master": master}
+
+
+def state_bytes(model, optimizer=None) -> dict[str, int]:
+    """This rank's model-state bytes: a DeepSpeed engine through ``zero_rank_bytes``, else ``rank_bytes``."""
+    if type(model).__name__ == "DeepSpeedEngine":
+        counted = zero_rank_bytes(model)
+        return {k: counted[k] for k in KINDS}
+    return rank_bytes(model, optimizer)

@@ -114,7 +114,7 @@ def test_table_chart_and_formatting():
 # --- DeepSpeed ZeRO (module 06) ---
 
 def test_zero_bytes_follows_the_zero_paper():
-    from coursekit.memory import zero_bytes
+    from coursekit.planner import zero_bytes
 
     psi, n = 7_500_000_000, 64          # the paper's example: 7.5B parameters on 64 GPUs
     total = lambda stage: sum(zero_bytes(psi, n, stage).values()) / 1e9
@@ -153,7 +153,7 @@ def _zero_measure(rank, world_size, stage):
 
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_zero_rank_bytes_counts_what_each_rank_holds(stage):
-    from coursekit.memory import zero_bytes
+    from coursekit.planner import zero_bytes
 
     n = 20 * 40 + 40 + 40 * 10 + 10
     expected = zero_bytes(n, 2, stage, "fp32")

@@ -5,8 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from coursekit.distributed import run_distributed
-from coursekit.memory import count_params, zero_bytes
+from coursekit.memory import count_params
 from coursekit.models import ViT
+from coursekit.planner import zero_bytes
 
 SHAPE = dict(depth=2, width=64, heads=4, patch=7)   # the smoke-size ViT
 STEPS, MICRO = 3, 4

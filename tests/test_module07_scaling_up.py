@@ -11,7 +11,7 @@ import pytest
 from coursekit.distributed import run_distributed
 from coursekit.planner import compare
 from coursekit.testing import simulated_worker
-from conftest import REPO
+from helpers import REPO
 
 MODULE = REPO / "solutions" / "07_scaling_up"
 SCRIPTS = ["train_single", "train_ddp_torchrun", "train_ray_ddp", "train_ray_fsdp2", "train_ray_deepspeed"]

@@ -7,9 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from coursekit.distributed import run_distributed
-from coursekit.memory import zero_bytes
 from coursekit.models import ViT
-from coursekit.planner import STRATEGIES, MemoryPlanner, StepMeter, compare, predict
+from coursekit.planner import STRATEGIES, MemoryPlanner, StepMeter, compare, predict, zero_bytes
 
 SHAPE = dict(depth=2, width=64, heads=4, patch=7)   # the smoke-size ViT
 NUM_PARAMS = sum(p.numel() for p in ViT(**SHAPE).parameters())

@@ -1,15 +1,15 @@
-"""coursekit.raydata: the course digits as files, synthetic data, the CPU plan, the simulated shard. No Ray started."""
+"""Module 03's plumbing: the course digits as files, synthetic data, the CPU plan, the simulated shard. No Ray started."""
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
 
-from coursekit.data import load_digits, normalize
-from coursekit.raydata import (ROW_BYTES, InMemoryShard, ObjectStoreMonitor, configure_ray_data,
-                               generate_synthetic_batch, plan_resources, preprocess_synthetic, require_files,
-                               simulated_dataset_shard, split_rows, synthetic_rows, write_digits_image_folder,
-                               write_digits_parquet)
+from coursekit.data import load_digits, normalize, require_files, write_digits_image_folder, write_digits_parquet
+from coursekit.objectstore import ObjectStoreMonitor
+from coursekit.raydata import configure_ray_data, plan_resources
 from coursekit.scaling import ScalingError
+from coursekit.synthetic import ROW_BYTES, generate_synthetic_batch, preprocess_synthetic, synthetic_rows
+from coursekit.testing import InMemoryShard, simulated_dataset_shard, split_rows
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_missing_files_get_a_clear_error(tmp_path):
 
 def test_synthetic_preprocessing_normalises_like_the_course():
     from coursekit.data import MEAN, STD
-    from coursekit.raydata import NORMALIZE_MEAN_STD
+    from coursekit.synthetic import NORMALIZE_MEAN_STD
 
     assert NORMALIZE_MEAN_STD == (MEAN, STD)
 

@@ -4,7 +4,7 @@
     python train_ray_ddp_with_ray_data.py --data-size-gb 1 --epochs 2 --num-workers 2
     python train_ray_ddp_with_ray_data.py --data-size-gb 50 --num-workers 8 --use-gpu   # a GPU cluster
 
-The data are synthetic "raw" images (coursekit.raydata): the course digits at 224x224 with noise, as
+The data are synthetic "raw" images (coursekit.synthetic): the course digits at 224x224 with noise, as
 many rows as make ``--data-size-gb``. Ray Data generates them block by block,
 preprocesses them on CPU tasks (8x8 average pooling down to 28x28, then
 normalisation) and streams the small tensors into the training workers; nothing
@@ -42,11 +42,12 @@ from ray.train.torch import TorchTrainer
 from coursekit import detect
 from coursekit.data import load_digits
 from coursekit.models import accuracy, build_model
-from coursekit.raydata import (ObjectStoreMonitor, configure_ray_data, local_ray_options, plan_resources,
-                               preprocess_synthetic, synthetic_dataset, synthetic_rows)
+from coursekit.objectstore import ObjectStoreMonitor
+from coursekit.raydata import configure_ray_data, local_ray_options, plan_resources
 from coursekit.raysetup import init_ray, storage_path
 from coursekit.runtime import SIZES
 from coursekit.scaling import ScalingError, cluster_resources, make_scaling_config, worker_resources
+from coursekit.synthetic import preprocess_synthetic, synthetic_dataset, synthetic_rows
 
 
 def train_func(config: dict) -> None:
