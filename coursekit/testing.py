@@ -145,12 +145,8 @@ class InMemoryShard:
         import torch
 
         self.calls.append(dict(batch_size=batch_size, dtypes=dtypes, drop_last=drop_last, **kwargs))
-        n = self.count()
-        size = n if batch_size is None else int(batch_size)
-        for start in range(0, n, max(size, 1)):
-            if drop_last and start + size > n:
-                break
-            batch = {k: torch.as_tensor(v[start:start + size]) for k, v in self.columns.items()}
+        for rows in self._slices(batch_size, drop_last):
+            batch = {k: torch.as_tensor(v[rows]) for k, v in self.columns.items()}
             if isinstance(dtypes, dict):  # like Ray Data: a dict must name every column
                 batch = {k: t.to(dtypes[k]) for k, t in batch.items()}
             elif dtypes is not None:
@@ -159,12 +155,17 @@ class InMemoryShard:
 
     def iter_batches(self, *, batch_size: int | None = 256, drop_last: bool = False, **kwargs):
         self.calls.append(dict(batch_size=batch_size, drop_last=drop_last, numpy=True, **kwargs))
+        for rows in self._slices(batch_size, drop_last):
+            yield {k: v[rows] for k, v in self.columns.items()}
+
+    def _slices(self, batch_size: int | None, drop_last: bool):
+        """The row slices of the batches, as Ray Data cuts them (batch_size=None: one batch of everything)."""
         n = self.count()
         size = n if batch_size is None else int(batch_size)
         for start in range(0, n, max(size, 1)):
             if drop_last and start + size > n:
                 break
-            yield {k: v[start:start + size] for k, v in self.columns.items()}
+            yield slice(start, start + size)
 
 
 def simulated_dataset_shard(columns: dict, rank: int, world_size: int, name: str = "train"):
