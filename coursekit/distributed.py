@@ -33,7 +33,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(rank: int, world_size: int, port: int, backend: str, fn: Callable | bytes, args: tuple | None,
+def _child(rank: int, world_size: int, port: int, backend: str | None, fn: Callable | bytes, args: tuple | None,
            results: "mp.Queue", timeout_s: float, local_world_size: int) -> None:
     code, stage = 0, "setup"
     try:
@@ -51,6 +51,11 @@ def _child(rank: int, world_size: int, port: int, backend: str, fn: Callable | b
                           LOCAL_RANK=str(rank % local_world_size), WORLD_SIZE=str(world_size),
                           LOCAL_WORLD_SIZE=str(local_world_size), GROUP_RANK=str(rank // local_world_size))
         torch.set_num_threads(1)  # N processes share this machine's cores
+        if backend is None:   # fn makes (and ends) the group itself from the environment, as under torchrun
+            stage = "fn"
+            value = pickle.dumps(fn(rank, world_size, *args))
+            results.put((rank, "ok", value))
+            return
         dist.init_process_group(backend, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
         try:
@@ -85,13 +90,15 @@ def start_method() -> str:
     return "spawn" if torch.cuda.is_available() else "fork"
 
 
-def run_distributed(fn: Callable[..., Any], world_size: int = 2, *args: Any, backend: str = "gloo",
+def run_distributed(fn: Callable[..., Any], world_size: int = 2, *args: Any, backend: str | None = "gloo",
                     timeout_s: float = 120.0, local_world_size: int | None = None) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; return the results by rank.
 
     ``local_world_size`` processes count as one node (default: all of them): the environment
     gives each its ``LOCAL_RANK`` (``rank % local_world_size``), ``LOCAL_WORLD_SIZE`` and
-    ``GROUP_RANK`` (the node) as torchrun does on several nodes.
+    ``GROUP_RANK`` (the node) as torchrun does on several nodes. With ``backend=None`` the processes get
+    only that environment and ``fn`` creates the process group itself (``init_method="env://"``), as a
+    script started by torchrun does.
 
     Raises ``RuntimeError`` with the failing rank's traceback if any rank fails,
     and ``TimeoutError`` if the group does not finish in ``timeout_s`` (for

@@ -12,6 +12,8 @@ Environment variables (all optional):
 ``COURSE_STORAGE``   where Ray Train writes results and checkpoints
 ``COURSE_DATA``      where datasets are cached
 ``COURSE_GRADING``   set by the autograder: smallest sizes, no downloads
+``COURSE_LOCAL_MODE`` ``1``/``0``: run Ray Train fits in local mode on forked ranks or in a Ray
+                     worker group (default: local mode on Binder and below ``RAY_TRAIN_MIN_GIB``)
 """
 from __future__ import annotations
 
@@ -23,6 +25,10 @@ import psutil
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ANYSCALE_STORAGE = Path("/mnt/cluster_storage")
+# Below this much memory a Ray worker group does not fit beside the notebook's kernel: a 2-worker fit starts
+# Ray's own processes, a controller, the workers and four helper actors, each importing torch (README, Binder).
+# Such a machine runs Ray Train in local mode on forked ranks (coursekit.localmode) and starts no Ray.
+RAY_TRAIN_MIN_GIB = 4
 
 # Size profiles: how much work a notebook does by default. "smoke" is what CI, the autograder and
 # --smoke-test use; "cpu" is a student without a GPU (a laptop, Binder), and the size the test suite runs
@@ -158,6 +164,7 @@ class Runtime:
     data_dir: str          # dataset cache
     ray_address: str | None  # an existing Ray cluster to join, or None to start one
     grading: bool = False
+    local_mode: bool = False  # Ray Train fits run in local mode on forked ranks; no Ray is started
 
     @property
     def use_gpu(self) -> bool:
@@ -190,9 +197,9 @@ class Runtime:
 
     def describe(self) -> str:
         return (
-            f"platform={self.platform} cpus={self.num_cpus} gpus={self.num_gpus} "
+            f"platform={self.platform} cpus={self.num_cpus} gpus={self.num_gpus} memory={self.memory_gib} GiB "
             f"device={self.device} backend={self.backend} size={self.size} "
-            f"storage={self.storage_path}"
+            f"storage={self.storage_path}" + (" ray_train=local-mode" if self.local_mode else "")
         )
 
 
@@ -241,6 +248,10 @@ def detect(env: dict | None = None) -> Runtime:
     )
 
     ray_address = env.get("RAY_ADDRESS") or ("auto" if platform == "anyscale" else None)
+    if env.get("COURSE_LOCAL_MODE"):
+        local_mode = _truthy(env["COURSE_LOCAL_MODE"])
+    else:   # a cluster to join has its own memory; this machine only holds the driver then
+        local_mode = not ray_address and num_gpus == 0 and (platform == "binder" or memory_gib < RAY_TRAIN_MIN_GIB)
     return Runtime(
         platform=platform,
         num_cpus=num_cpus,
@@ -251,4 +262,5 @@ def detect(env: dict | None = None) -> Runtime:
         data_dir=str(data_dir.resolve()),
         ray_address=ray_address,
         grading=grading,
+        local_mode=local_mode,
     )
