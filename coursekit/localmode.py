@@ -9,7 +9,7 @@ as in a worker group. Nothing of Ray starts: no GCS, raylet, controller or worke
 how Ray Train users debug a training function under torchrun, and how this course fits a
 small machine (Binder's 2 GiB), where a Ray worker group of two does not.
 
-:func:`fit` runs a trainer that way on forked ranks, one per worker of its ``ScalingConfig``. Local
+:func:`fit_trainer` runs a trainer that way on forked ranks, one per worker of its ``ScalingConfig``. Local
 mode keeps only the last report in memory; here each report also goes where a worker group's would,
 with Ray Train's own pieces: every rank copies its checkpoint into the run's storage
 (``StorageContext.persist_current_checkpoint``), rank 0 registers it with Ray Train's
@@ -124,7 +124,7 @@ def _rank(rank: int, world_size: int, trainer, storage, manager) -> Any:
     return result.return_value if rank == 0 else None   # Ray Train returns rank 0's
 
 
-def fit(trainer, runtime: Runtime | None = None, timeout_s: float = 3600):
+def fit_trainer(trainer, runtime: Runtime | None = None, timeout_s: float = 3600):
     """``trainer.fit()``, or, where the runtime says a Ray worker group does not fit (``rt.local_mode``:
     Binder, a small memory limit), the same run in Ray Train's local mode on forked ranks, one per
     worker of the trainer's ``ScalingConfig``. Returns a ``ray.train.Result`` either way."""

@@ -24,8 +24,11 @@ from coursekit.proctree import process_kind, tree_pss  # noqa: F401  (still impo
 
 
 def execute(notebook: Path, out: Path, parameters: dict | None = None, env: dict | None = None,
-            timeout_s: float = 1800, cpu_only: bool = True) -> dict:
-    """Run one notebook; return wall time, peak memory, exit status and the recorded figures."""
+            timeout_s: float = 1800, cpu_only: bool = True, wrap=None) -> dict:
+    """Run one notebook; return wall time, peak memory, exit status and the recorded figures.
+
+    ``wrap`` turns the papermill command into the one to start (for example one that enters a memory
+    cgroup first); the command it returns must ``exec`` papermill, so the process measured is papermill's."""
     notebook, out = Path(notebook).resolve(), Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     record_file = out.with_suffix(".record.json")
@@ -38,6 +41,8 @@ def execute(notebook: Path, out: Path, parameters: dict | None = None, env: dict
            "--no-progress-bar"]
     for key, value in (parameters or {}).items():
         cmd += ["-p", key, str(value)]
+    if wrap is not None:
+        cmd = wrap(cmd)
     log = out.with_suffix(".log")
     start = time.perf_counter()
     with open(log, "w") as log_file:
