@@ -15,8 +15,11 @@ with Ray Train's own pieces: every rank copies its checkpoint into the run's sto
 (``StorageContext.persist_current_checkpoint``), rank 0 registers it with Ray Train's
 ``CheckpointManager`` (``num_to_keep``, the score order, the snapshot that a later ``fit()`` of the
 same ``RunConfig(name=...)`` resumes from), and the ``Result`` is built as the controller builds it.
-What a worker group adds and this cannot: restarting failed workers (``FailureConfig``), Ray Data
-``datasets`` on more than one rank, GPUs.
+A trainer with Ray Data ``datasets`` runs on one rank in the calling process (local mode reads them
+on one rank only; Ray stays up for Ray Data's tasks). ``FailureConfig(max_failures)`` is honoured as
+a worker group's controller honours it: when a rank fails, all ranks are started again from the
+run's latest checkpoint, until the failures allowed are spent. What a worker group adds and this
+cannot: datasets split between ranks, GPUs, other machines, preemption handling.
 """
 from __future__ import annotations
 
@@ -132,20 +135,42 @@ def fit_trainer(trainer, runtime: Runtime | None = None, timeout_s: float = 3600
     if not rt.local_mode:
         return trainer.fit()
     from ray.train import Result
-    from coursekit.distributed import run_distributed
 
     workers = trainer.scaling_config.num_workers
     if isinstance(workers, tuple):   # elastic (min, max): local mode runs the minimum
         workers = workers[0]
-    if trainer.datasets and workers > 1:
-        raise ValueError("Ray Train's local mode takes Ray Data datasets on one rank only; on this machine "
-                         "run this trainer with ScalingConfig(num_workers=1), or on a machine with the memory "
-                         "for a Ray worker group (see the README, Binder)")
-    print(f"Ray Train local mode: {workers} forked rank(s) under torchrun's environment, no Ray processes "
-          f"({rt.memory_gib} GiB here is too little for a Ray worker group)")
+    if trainer.datasets:
+        # Ray Train's local mode gives Ray Data's datasets to one rank only, and a rank forked from this process
+        # could not use its connection to Ray (Ray Data's tasks still run on Ray): one rank, in this process.
+        print(f"Ray Train local mode: 1 rank in this process, reading the Ray Data datasets itself (your "
+              f"ScalingConfig asks for {workers}; {rt.memory_gib} GiB here is too little for a Ray worker group)")
+    else:
+        print(f"Ray Train local mode: {workers} forked rank(s) under torchrun's environment, no Ray processes "
+              f"({rt.memory_gib} GiB here is too little for a Ray worker group)")
     storage = _storage(trainer)
-    manager = _manager(trainer, storage)
-    value = run_distributed(_rank, workers, trainer, storage, manager, backend=None, timeout_s=timeout_s)[0]
+    failure_config = trainer.run_config.failure_config
+    max_failures = failure_config.max_failures if failure_config else 0
+    failures = 0
+    while True:
+        # each attempt starts from the run's latest registered checkpoint, as a restarted worker group does
+        manager = _manager(trainer, storage)
+        try:
+            if trainer.datasets:
+                value = _rank(0, 1, trainer, storage, manager)
+            else:
+                from coursekit.distributed import run_distributed
+
+                value = run_distributed(_rank, workers, trainer, storage, manager, backend=None,
+                                        timeout_s=timeout_s)[0]
+            break
+        except Exception as error:  # noqa: BLE001  a failed rank, as FailureConfig sees a failed worker
+            failures += 1
+            if max_failures != -1 and failures > max_failures:
+                raise
+            last_line = str(error).strip().splitlines()[-1]
+            print(f"Ray Train local mode: the ranks failed ({last_line}); starting them again from the latest "
+                  f"checkpoint, as Ray Train restarts a worker group (failure {failures} of "
+                  f"{'unlimited' if max_failures == -1 else max_failures} allowed by FailureConfig)")
     result = Result._from_checkpoint_manager(checkpoint_manager=_manager(trainer, storage),
                                              storage_context=storage)
     result.return_value = value
