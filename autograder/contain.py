@@ -239,6 +239,12 @@ def _cgroup_parent() -> tuple[Path, int] | None:
     return None
 
 
+def memory_cgroup(limit: int) -> MemoryCgroup | None:
+    """A new memory cgroup of ``limit`` bytes (remove it when done), or None where none can be made."""
+    parent = _cgroup_parent()
+    return MemoryCgroup(*parent, limit) if parent else None
+
+
 def memory_cgroup_available() -> bool:
     """True when each job can get a memory cgroup of its own (see the module's docstring)."""
     return _cgroup_parent() is not None
@@ -249,8 +255,7 @@ def run_limited(cmd: list[str], cwd: Path, env: dict, timeout: float, memory: in
     """Run ``cmd`` in its own session; kill its whole tree past ``timeout`` s, and hold it to ``memory``
     bytes (a memory cgroup where there is one, else an RSS watchdog)."""
     start = time.perf_counter()
-    parent = _cgroup_parent()
-    group = MemoryCgroup(*parent, memory) if parent else None
+    group = memory_cgroup(memory)
     try:
         with open(log, "wb") as out:
             proc = subprocess.Popen(group.enter_argv(cmd) if group else cmd, cwd=cwd, env=tool_env(env),

@@ -24,6 +24,8 @@ cannot: datasets split between ranks, GPUs, other machines, preemption handling.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import threading
 from typing import Any
 
@@ -134,6 +136,22 @@ def fit_trainer(trainer, runtime: Runtime | None = None, timeout_s: float = 3600
     rt = runtime or detect()
     if not rt.local_mode:
         return trainer.fit()
+    with _quiet("ray.train"):   # the controller's and workers' log lines, which a worker group keeps in its logs
+        return _fit_locally(trainer, rt, timeout_s)
+
+
+@contextlib.contextmanager
+def _quiet(name: str):
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _fit_locally(trainer, rt: Runtime, timeout_s: float):
     from ray.train import Result
 
     workers = trainer.scaling_config.num_workers
