@@ -17,6 +17,7 @@ The same digits as real files, for the data-loading modules: Parquet
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 from pathlib import Path
 
@@ -76,14 +77,32 @@ def _try_download(root: Path, timeout_s: float = 10.0) -> bool:
         socket.setdefaulttimeout(old)
 
 
+def _read_idx(path: Path) -> np.ndarray:
+    """An array from MNIST's idx format (big-endian dimensions, then uint8 data), without torchvision: each
+    rank that loads the data then imports only numpy and torch."""
+    data = path.read_bytes()
+    ndim = data[3]
+    dims = np.frombuffer(data, ">i4", count=ndim, offset=4)
+    return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
 def _load_mnist(root: Path, train: bool) -> Digits:
-    from torchvision.datasets import MNIST
+    raw, prefix = root / "MNIST" / "raw", "train" if train else "t10k"
+    images = torch.from_numpy(_read_idx(raw / f"{prefix}-images-idx3-ubyte").copy())
+    labels = torch.from_numpy(_read_idx(raw / f"{prefix}-labels-idx1-ubyte").astype(np.int64))
+    return Digits(images=images, labels=labels, source="mnist")
 
-    ds = MNIST(str(root), train=train, download=False)
-    return Digits(images=ds.data.clone(), labels=ds.targets.clone().long(), source="mnist")
 
-
-def _sklearn_digits(train: bool, seed: int = 0) -> Digits:
+def _sklearn_digits(train: bool, seed: int = 0, cache: Path | None = None) -> Digits:
+    """scikit-learn's digits on MNIST's canvas. With ``cache`` (a folder), the result is kept there as .npy files
+    the first time, so that later loads (every training rank) need not import scikit-learn."""
+    name = "train" if train else "test"
+    if cache is not None:
+        try:
+            return Digits(images=torch.from_numpy(np.load(cache / f"{name}-images.npy")),
+                          labels=torch.from_numpy(np.load(cache / f"{name}-labels.npy")), source="sklearn-digits")
+        except (OSError, ValueError):
+            pass
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
@@ -97,7 +116,17 @@ def _sklearn_digits(train: bool, seed: int = 0) -> Digits:
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
     cut = int(0.8 * len(labels))
     idx = order[:cut] if train else order[cut:]
-    return Digits(images=images[idx], labels=labels[idx], source="sklearn-digits")
+    digits = Digits(images=images[idx], labels=labels[idx], source="sklearn-digits")
+    if cache is not None:
+        try:   # written whole, then renamed: a rank reading it meanwhile sees no file, never half of one
+            cache.mkdir(parents=True, exist_ok=True)
+            for part, value in (("images", digits.images), ("labels", digits.labels)):
+                tmp = cache / f".{name}-{part}.{os.getpid()}.npy"
+                np.save(tmp, value.numpy())
+                os.replace(tmp, cache / f"{name}-{part}.npy")
+        except OSError:
+            pass
+    return digits
 
 
 def load_digits(train: bool = True, limit: int | None = None, data_dir: str | None = None,
@@ -122,7 +151,7 @@ def load_digits(train: bool = True, limit: int | None = None, data_dir: str | No
         if not quiet:
             print(f"MNIST is not available offline in {root}; using scikit-learn's handwritten "
                   "digits on MNIST's 28x28 canvas instead (same shapes, same normalisation).")
-        digits = _sklearn_digits(train)
+        digits = _sklearn_digits(train, cache=root / "sklearn-digits")
     if limit is not None and limit < len(digits):
         digits = Digits(digits.images[:limit], digits.labels[:limit], digits.source)
     return digits

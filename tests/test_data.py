@@ -1,6 +1,11 @@
-"""The course data: torchvision's MNIST when present, scikit-learn's digits offline."""
+"""The course data: MNIST when present, scikit-learn's digits offline."""
+import subprocess
+import sys
+
 import numpy as np
 import torch
+
+from helpers import PY
 
 from coursekit.data import load_digits, normalize, write_mnist_idx
 
@@ -41,7 +46,7 @@ def test_normalisation_equals_torchvision_transform():
     assert torch.allclose(normalize(torch.from_numpy(img)[None])[0], expected)
 
 
-def test_mnist_files_are_read_through_torchvision(tmp_path, capsys):
+def test_mnist_files_are_read_as_torchvision_reads_them(tmp_path, capsys):
     rng = np.random.default_rng(1)
     imgs = rng.integers(0, 256, (30, 28, 28), dtype=np.uint8)
     labels = rng.integers(0, 10, 30)
@@ -52,6 +57,34 @@ def test_mnist_files_are_read_through_torchvision(tmp_path, capsys):
     assert np.array_equal(d.images.numpy(), imgs) and np.array_equal(d.labels.numpy(), labels)
     t = load_digits(train=False, limit=5, data_dir=str(tmp_path))
     assert len(t) == 5 and np.array_equal(t.images.numpy(), imgs[:5])
+    from torchvision.datasets import MNIST
+
+    reference = MNIST(str(tmp_path), train=True, download=False)
+    assert torch.equal(d.images, reference.data) and torch.equal(d.labels, reference.targets.long())
+    assert d.labels.dtype == torch.int64
+
+
+def test_training_ranks_load_the_data_without_sklearn_or_torchvision(tmp_path):
+    """Each rank of a torchrun job loads the data: after the kernel's first load, neither the MNIST files nor the
+    offline fallback (kept as .npy files) makes a rank import scikit-learn or torchvision (a Binder of 2 GiB holds
+    a few such ranks)."""
+    first = load_digits(train=True, data_dir=str(tmp_path / "offline"), quiet=True)   # the kernel: writes the cache
+    rng = np.random.default_rng(2)
+    for train in (True, False):
+        write_mnist_idx(tmp_path / "mnist", rng.integers(0, 256, (12, 28, 28), dtype=np.uint8), rng.integers(0, 10, 12),
+                        train=train)
+    check = (
+        "import sys, torch\n"
+        "from coursekit.data import load_digits\n"
+        f"offline = load_digits(train=True, data_dir={str(tmp_path / 'offline')!r}, quiet=True)\n"
+        f"mnist = load_digits(train=False, data_dir={str(tmp_path / 'mnist')!r})\n"
+        "assert offline.source == 'sklearn-digits' and mnist.source == 'mnist' and len(mnist) == 12\n"
+        "torch.save(offline.images, sys.argv[1])\n"
+        "print(sorted(m for m in ('sklearn', 'torchvision') if m in sys.modules))\n")
+    out = subprocess.run([PY, "-c", check, str(tmp_path / "images.pt")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"a rank imported {out.stdout.strip()} to load the data"
+    assert torch.equal(torch.load(tmp_path / "images.pt"), first.images), "the cached fallback is the same data"
 
 
 def test_download_attempt_fails_fast_offline(tmp_path):
