@@ -134,7 +134,7 @@ def fit_trainer(trainer, runtime: Runtime | None = None, timeout_s: float = 3600
     Binder, a small memory limit), the same run in Ray Train's local mode on forked ranks, one per
     worker of the trainer's ``ScalingConfig``. Returns a ``ray.train.Result`` either way."""
     rt = runtime or detect()
-    if not rt.local_mode:
+    if not rt.local_mode or trainer.scaling_config.num_workers == 0:   # 0 workers: Ray Train's own local mode
         return trainer.fit()
     with _quiet("ray.train"):   # the controller's and workers' log lines, which a worker group keeps in its logs
         return _fit_locally(trainer, rt, timeout_s)

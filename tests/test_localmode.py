@@ -125,6 +125,11 @@ def test_two_ranks_equal_one_process_and_keep_the_checkpoints_config_says(local,
     assert sorted(ray.train.Result.from_path(result.path).metrics_dataframe["epoch"]) == [1, 2, 3]
 
 
+def test_zero_workers_is_ray_trains_own_local_mode_in_this_process(local, tmp_path):
+    result = fit_trainer(trainer(str(tmp_path), "zero", epochs=1, workers=0), local)
+    assert result.return_value == {"rank": 0, "world": 1, "in_group": False}
+
+
 def test_same_name_resumes_from_the_latest_checkpoint(local, tmp_path):
     fit_trainer(trainer(str(tmp_path), "resume", epochs=2), local)
     resumed = fit_trainer(trainer(str(tmp_path), "resume", epochs=4), local)
