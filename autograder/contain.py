@@ -46,7 +46,9 @@ What this module does for every submission (and what it does NOT do):
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
 import shutil
 import subprocess
 import sys
@@ -200,8 +202,15 @@ class MemoryCgroup:
             return 0
 
     def remove(self) -> None:
-        for _ in range(50):          # its processes are gone; the kernel may take a moment to let it go
+        """Kill what is still in the group (a daemon that left the job's process tree, a rank that outlived an
+        OOM-killed parent), then remove the group."""
+        for _ in range(50):          # the kernel may take a moment to let the dead processes go
             try:
+                for pid in (self.path / "cgroup.procs").read_text().split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
                 self.path.rmdir()
                 return
             except FileNotFoundError:
