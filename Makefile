@@ -23,7 +23,7 @@ LAB_ARGS ?=
 # JupyterLab refuses to run as root unless told; containers and CI machines often are root.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test test-fast course assignments grade release bench venv clean
+.PHONY: jail lab test test-fast course assignments grade release bench venv clean
 
 venv: $(STAMP)
 
@@ -47,13 +47,18 @@ $(DEV_STAMP): requirements-dev.txt $(STAMP)
 	$(PY) -m pip uninstall --quiet --yes rfc3987-syntax
 	@touch $(DEV_STAMP)
 
+# bubblewrap, the jail of a submission's kernel while grading (autograder/contain.py): Debian's package, installed
+# with apt-get when missing (as root or through sudo -n); without it grading still runs, unjailed, and says so.
+jail: $(DEV_STAMP)
+	@$(PY) -m autograder.paths --apt bubblewrap /usr/bin/bwrap
+
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=course $(ROOT_ARGS) $(LAB_ARGS)
 
-test: $(DEV_STAMP)
+test: jail
 	$(PY) -m pytest tests --durations=25
 
-test-fast: $(DEV_STAMP)
+test-fast: jail
 	$(PY) -m pytest tests -m "not slow"
 
 course: $(DEV_STAMP)
@@ -62,13 +67,13 @@ course: $(DEV_STAMP)
 assignments: $(DEV_STAMP)
 	$(PY) -m autograder.release $(if $(MODULE),--module $(MODULE))
 
-grade: $(DEV_STAMP)
+grade: jail
 	$(PY) -m autograder.grade $(SUBMISSIONS) --out build/grading $(GRADE_ARGS)
 
 release: $(DEV_STAMP)
 	$(PY) -m autograder.student_release --into build/student-release
 
-bench: $(DEV_STAMP)
+bench: jail
 	$(PY) -m bench
 
 clean:

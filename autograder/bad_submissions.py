@@ -9,8 +9,9 @@ must give. Every notebook is the released notebook with code written into it
 
 ``good`` (the reference solution) is in the corpus so a test can check that a good student's
 grade survives the bad ones in the same run. The "snoop" student probes the paths given
-(``out``: the grading output folder; the submissions folder itself) and prints what it could
-see and write, with markers a test can look for in its feedback.
+(``out``: the grading output folder; the submissions folder itself) and, when given a ``port``, a
+server on this machine's loopback, and prints what it could see, reach and write, with markers a
+test can look for in its feedback.
 """
 from __future__ import annotations
 
@@ -38,8 +39,9 @@ def _test_cells(nb) -> list:
             and c.metadata["nbgrader"].get("locked")]
 
 
-def snoop_code(out: Path, submissions: Path) -> str:
-    """Code that tries to read what it must not see and to write where it must not write."""
+def snoop_code(out: Path, submissions: Path, port: int | None = None) -> str:
+    """Code that tries to read what it must not see, to write where it must not write and (given a
+    ``port``) to reach a server on this machine's loopback."""
     probes = {"solutions": SOLUTIONS / MODULE / f"{MODULE}.ipynb",
               "gradebook": Path(out) / "nbgrader" / "gradebook.db",
               "submissions": Path(submissions) / "good",
@@ -58,11 +60,17 @@ def snoop_code(out: Path, submissions: Path) -> str:
         "        print('SNOOP-' + 'WROTE', path)",
         "    except OSError as e:",
         "        print('SNOOP-' + 'BLOCKED', path, type(e).__name__)",
+        *([] if port is None else [
+            "import socket",
+            "s = socket.socket()",
+            "s.settimeout(3)",
+            f"print('SNOOP-' + 'SEES', 'network', s.connect_ex(('127.0.0.1', {int(port)})) == 0)"]),
     ])
 
 
-def build(folder: Path, module: str = MODULE, out: Path | None = None) -> dict[str, dict]:
-    """Write the corpus into ``folder``; return student -> {"status", "score"} expected."""
+def build(folder: Path, module: str = MODULE, out: Path | None = None, port: int | None = None) -> dict[str, dict]:
+    """Write the corpus into ``folder``; return student -> {"status", "score"} expected. ``port``: a
+    server the snoop tries to reach."""
     folder = Path(folder)
     out = Path(out) if out else REPO / "build" / "grading"
     reference = solution_answers(module)
@@ -102,8 +110,16 @@ def build(folder: Path, module: str = MODULE, out: Path | None = None) -> dict[s
     write("bad_json", raw='{"cells": [{"cell_type": "code", "source": "print(1)"', status="invalid notebook", score="zero")
     write("empty", raw="", status="invalid notebook", score="zero")
     write("renamed", fill(module, reference), name=f"{module}-Copy1.ipynb")
-    write("snoop", with_cell(snoop_code(out, folder)))
+    write("snoop", with_cell(snoop_code(out, folder, port)))
     write("chatty", with_cell("for i in range(100_000):\n    print('a line of output that nobody reads', i)"))
+    # right answers whose code warns on stderr in every later cell, the tests' included: full marks all the same
+    write("warns", with_cell("import sys, warnings\n"
+                             "def _warn(*_):\n"
+                             "    warnings.warn('this API is deprecated', DeprecationWarning, stacklevel=1)\n"
+                             "    print('[W socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved',"
+                             " file=sys.stderr)\n"
+                             "warnings.simplefilter('always')\n"
+                             "get_ipython().events.register('post_run_cell', _warn)"))
     write("zoë_müller-ñ", fill(module, reference))
     (folder / "expected.json").write_text(json.dumps(expected, indent=1, ensure_ascii=False), encoding="utf-8")
     return expected

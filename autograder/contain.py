@@ -60,34 +60,81 @@ from pathlib import Path
 
 import psutil
 
-from autograder.release import tool_env
+from autograder.paths import tool_env
 from coursekit.proctree import kill_tree, sum_memory, tree
 
 KERNEL = "ray-train-course"
 
 
+TMP_SIZE = 512 * 2**20    # bytes: the kernel's private /tmp (its pages count against the job's memory too)
+
+
+def _visible_under_tmp(paths: list[Path]) -> list[Path]:
+    """Those of ``paths`` that live under /tmp: the private /tmp would cover them, so they are bound back."""
+    out = []
+    for p in paths:
+        p = Path(p).resolve()
+        if p.is_relative_to("/tmp") and p.exists() and not any(p.is_relative_to(q) for q in out):
+            out.append(p)
+    return out
+
+
+def jail_argv(workdir: Path, hide: list[Path], repo: Path, writable: list[Path] = ()) -> list[str]:
+    """bubblewrap's command line (the command to run follows it) for a submission's kernel.
+
+    The whole filesystem read-only; a fresh, empty ``/tmp`` (every job's scratch root, with its
+    source notebook and gradebook, lives in the system temp folder and so is gone), ``/dev`` and
+    ``/proc``; the repository and this Python bound back read-only where they lived under /tmp;
+    ``hide`` covered by empty read-only folders; ``workdir`` and ``writable`` bound writable;
+    no network but its own loopback, its own process, IPC and host-name namespaces, no
+    capabilities, and it dies with the process that started it."""
+    s = str
+    args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            "--perms", "1777", "--size", s(TMP_SIZE), "--tmpfs", "/tmp"]
+    for p in _visible_under_tmp([repo, Path(sys.prefix), Path(sys.base_prefix)]):
+        args += ["--ro-bind", s(p), s(p)]
+    hidden = [Path(p).resolve() for p in hide if Path(p).is_dir()]
+    for p in hidden:      # mount points for the writable folders below may still be made in these ...
+        args += ["--tmpfs", s(p)]
+    for p in [workdir, *writable]:
+        p = Path(p).resolve()
+        args += ["--bind", s(p), s(p)]
+    for p in hidden:      # ... then they become read-only (not recursively: the binds stay writable)
+        args += ["--remount-ro", s(p)]
+    # ipykernel exits when its parent process changes, and in its own process namespace the parent it sees
+    # is bubblewrap's init, not the pid jupyter_client passes: --die-with-parent does that job instead
+    return args + ["--dir", "/tmp/home", "--setenv", "HOME", "/tmp/home", "--unsetenv", "JPY_PARENT_PID",
+                   "--chdir", s(Path(workdir).resolve()),
+                   "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+                   "--cap-drop", "ALL", "--die-with-parent", "--"]
+
+
 @lru_cache(maxsize=1)
 def jail_available() -> bool:
-    """True when ``unshare --mount`` works here (root or CAP_SYS_ADMIN)."""
-    if not shutil.which("unshare") or not shutil.which("mount"):
+    """True when bubblewrap is installed and can make its namespaces here (as root, or where
+    unprivileged user namespaces are allowed)."""
+    if not shutil.which("bwrap"):
         return False
     import tempfile
 
-    from autograder.release import REPO
+    from autograder.paths import REPO
 
-    # the same operations the jail does (write_kernelspec), in a throwaway namespace
     with tempfile.TemporaryDirectory() as d:
-        q = shlex.quote
-        probe = "; ".join(["set -e", f"cd {q(d)}", *_private_tmp_keeping(REPO, size="1m"), f"mkdir -p {q(d)}",
-                           f"mount --no-canonicalize --bind /proc/self/cwd {q(d)}", f"cd {q(d)}", "touch ok",
-                           f"mount -o remount,bind,ro {q(str(REPO))}",
-                           f"mount -t tmpfs -o ro,size=4k hidden {q(str(REPO / 'autograder'))}"])
         try:
-            r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", probe],
+            r = subprocess.run([*jail_argv(Path(d), [REPO / "autograder"], REPO), "sh", "-c", "touch ok"],
                                capture_output=True, timeout=30)
         except (OSError, subprocess.SubprocessError):
             return False
         return r.returncode == 0 and (Path(d) / "ok").exists()
+
+
+def jail_missing_reason() -> str:
+    """Why submissions' kernels run without the jail here ("" where they run in it)."""
+    if jail_available():
+        return ""
+    if not shutil.which("bwrap"):
+        return "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    return "bubblewrap cannot make namespaces here (unprivileged user namespaces are off)"
 
 
 def _kernel_python() -> list[str]:
@@ -99,50 +146,20 @@ def _kernel_python() -> list[str]:
     return [sys.executable, "-m", "ipykernel_launcher"]
 
 
-def _private_tmp_keeping(repo: Path, size: str = "512m") -> list[str]:
-    """Shell lines: an empty private tmpfs on /tmp, with ``repo`` (and its .venv) still bound at its path.
-
-    A repository under /tmp (a CI clone, say) would vanish with the rest of /tmp: it is first
-    bound to a holding folder under /run, then bound back onto a folder made in the new tmpfs."""
-    q = shlex.quote
-    r = q(str(repo))
-    if not str(Path(repo).resolve()).startswith("/tmp/"):
-        return [f"mount -t tmpfs -o size={size},mode=1777 course-tmp /tmp", f"mount --bind {r} {r}"]
-    return ['HOLD="$(mktemp -d /run/course-jail.XXXXXX)"', f'mount --bind {r} "$HOLD"',
-            f"mount -t tmpfs -o size={size},mode=1777 course-tmp /tmp",
-            f"mkdir -p {r}", f'mount --bind "$HOLD" {r}', 'umount "$HOLD"', 'rmdir "$HOLD"']
-
-
-def write_kernelspec(job: Path, workdir: Path, hide: list[Path], repo: Path) -> Path:
+def write_kernelspec(job: Path, workdir: Path, hide: list[Path], repo: Path, runtime: Path) -> Path:
     """A ``ray-train-course`` kernelspec under ``job/jupyter`` that starts the kernel in the jail.
 
-    Returns the folder to put on ``JUPYTER_PATH``.
+    ``runtime`` is the Jupyter runtime folder where the connection file and (with no network in
+    the jail) the kernel's IPC sockets live: it is bound into the jail. Returns the folder to put
+    on ``JUPYTER_PATH``.
     """
     kdir = job / "jupyter" / "kernels" / KERNEL
     kdir.mkdir(parents=True)
-    python = " ".join(shlex.quote(a) for a in _kernel_python())
+    argv = [*_kernel_python(), "-f", "{connection_file}"]
     if jail_available():
-        q = shlex.quote
-        lines = ["set -e", 'CF="$1"', 'CONN="$(cat "$CF")"', f"cd {q(str(workdir))}",
-                 # private, empty /tmp: every job's scratch root (source notebook, gradebook) is gone
-                 *_private_tmp_keeping(repo),
-                 f"mount -o remount,bind,ro {q(str(repo))}"]
-        for p in hide:      # (paths under /tmp are already gone)
-            lines.append(f"if [ -d {q(str(p))} ]; then mount -t tmpfs -o ro,size=4k,mode=755 hidden {q(str(p))}; fi")
-        lines += [f"mkdir -p {q(str(workdir))}",
-                  # the kernel's own folder, bound back from its (still open) working directory
-                  f"mount --no-canonicalize --bind /proc/self/cwd {q(str(workdir))}",
-                  f"cd {q(str(workdir))}",
-                  'mkdir -p "$(dirname "$CF")"', 'printf "%s" "$CONN" > "$CF"',
-                  f'exec {python} -f "$CF"']
-        inner = "\n".join(lines)
-        script = job / "jail.sh"
-        script.write_text("#!/bin/sh\n# the student's kernel, in a private mount namespace "
-                          "(see autograder/contain.py)\nexec unshare --mount --propagation private "
-                          f"sh -c {shlex.quote(inner)} jail \"$1\"\n")
-        argv = ["/bin/sh", str(script), "{connection_file}"]
-    else:
-        argv = [*_kernel_python(), "-f", "{connection_file}"]
+        workdir.mkdir(parents=True, exist_ok=True)
+        runtime.mkdir(parents=True, exist_ok=True)
+        argv = [*jail_argv(workdir, hide, repo, writable=[runtime]), *argv]
     (kdir / "kernel.json").write_text(json.dumps({
         "argv": argv, "display_name": "Python (Ray Train course, grading)", "language": "python"}))
     return job / "jupyter"

@@ -58,7 +58,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from autograder.collect import Found, collect
-from autograder.contain import jail_available, run_limited, write_kernelspec
+from autograder.contain import jail_available, jail_missing_reason, run_limited, write_kernelspec
 from autograder.paths import CONFIG, REPO, SOLUTIONS, modules, tool_env
 
 STATUSES = ("graded", "tests modified", "timed out", "kernel died", "invalid notebook", "missing")
@@ -70,7 +70,8 @@ IGNORE = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__")
 
 # ---------------------------------------------------------------- nbgrader course roots
 
-def _config_text(root: Path, autograded: Path | None = None, timeout: float | None = None) -> str:
+def _config_text(root: Path, autograded: Path | None = None, timeout: float | None = None,
+                 runtime: Path | None = None) -> str:
     lines = ["c = get_config()  # noqa: F821",
              f"load_subconfig({str(CONFIG)!r})  # noqa: F821  (the course's nbgrader settings)",
              f"c.CourseDirectory.root = {str(root)!r}",
@@ -80,6 +81,11 @@ def _config_text(root: Path, autograded: Path | None = None, timeout: float | No
         lines.append(f"c.CourseDirectory.autograded_directory = {str(autograded)!r}")
     if timeout:
         lines.append(f"c.Execute.timeout = {int(min(600, max(10, timeout)))}")
+    if runtime and jail_available():
+        # the jailed kernel has no network: talk to it over unix sockets, which live beside its connection
+        # file in the one folder of the grading job that is bound into the jail
+        lines += ["c.KernelManager.transport = 'ipc'",
+                  f"c.KernelManager.connection_file = {str(runtime / 'kernel.json')!r}"]
     return "\n".join(lines) + "\n"
 
 
@@ -230,12 +236,12 @@ def run_job(f: Found, template: Path, jobs_base: Path, hide: list[Path], timeout
     root.mkdir()
     shutil.copytree(template / "solutions" / f.module, root / "solutions" / f.module)
     shutil.copy(template / "gradebook.db", root / "gradebook.db")
-    (root / "nbgrader_config.py").write_text(_config_text(root, job / "work", timeout))
+    (root / "nbgrader_config.py").write_text(_config_text(root, job / "work", timeout, job / "runtime"))
     shutil.copytree(f.folder, root / "submitted" / f.student / f.module)
     workdir = job / "work" / f.student / f.module
     env = {"COURSE_GRADING": "1", "COURSE_SIZE": "smoke", "COURSE_STORAGE": str(job / "storage"),
            "CUDA_VISIBLE_DEVICES": "", "COURSE_RECORD": "", "MPLBACKEND": "Agg",
-           "JUPYTER_PATH": str(write_kernelspec(job, workdir, hide, REPO)),
+           "JUPYTER_PATH": str(write_kernelspec(job, workdir, hide, REPO, job / "runtime")),
            "JUPYTER_RUNTIME_DIR": str(job / "runtime"), "PYTHONPATH": str(REPO),
            "PYTHONDONTWRITEBYTECODE": "1"}
     outcome = run_limited([sys.executable, "-m", "autograder.worker", str(job), f.student, f.module],
@@ -523,7 +529,7 @@ def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bo
     todo = slowest_first(todo, out / "timings.json")
     if todo:
         say(f"grading {len(todo)} submission(s) of {len(wanted)} module(s), {workers} at a time"
-            f"{'' if jail_available() else ' (no mount namespace: kernels see the whole filesystem)'}")
+            f"{'' if jail_available() else f' (no jail: {jail_missing_reason()}; kernels see the whole filesystem and the network)'}")
     for job, run in run_jobs(todo, templates, _hidden_paths(out, submissions), workers, memory, quiet):
         f = job.found
         row = record(job, run, main, out, max_scores[f.module], memory)

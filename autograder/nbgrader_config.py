@@ -27,3 +27,9 @@ c.Execute.startup_timeout = 120
 c.Execute.allow_errors = True
 # Students see their own stack traces in feedback; nothing else from the source leaks.
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+# nbgrader scores a test cell that wrote anything to stderr as failed, a warning included (a library's
+# deprecation notice, torch's c10d warning about a host name): only a failed check may cost points here.
+# nbgrader's own IgnorePattern drops stderr output (any text) from the autograded notebook, and so from the
+# feedback, before the grades are taken; errors are outputs of their own and still fail the cell.
+c.IgnorePattern.enabled = True
+c.IgnorePattern.pattern = r"[\s\S]"

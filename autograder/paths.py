@@ -1,7 +1,10 @@
-"""Where the course's parts are, and the environment nbgrader's tools run in (shared by the autograder)."""
+"""Where the course's parts are, the environment nbgrader's tools run in, and the Debian packages the
+instructors' tools use (shared by the autograder and the tests)."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,3 +23,45 @@ def tool_env(extra: dict | None = None) -> dict:
     env = {**os.environ, **(extra or {})}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return env
+
+
+def run_command(cmd: list[str], timeout_s: int) -> str | None:
+    """None if ``cmd`` succeeded, else what went wrong."""
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"`{' '.join(cmd)}` failed: {e}"
+    if r.returncode:
+        return f"`{' '.join(cmd)}` exited {r.returncode}: {(r.stdout + r.stderr).strip()[-800:]}"
+    return None
+
+
+def apt_install(package: str, path: str) -> str | None:
+    """Make sure Debian's ``package`` has put ``path`` in place: None if it is there (or now is), else why
+    it could not be installed. Uses apt-get as root, or through ``sudo -n``."""
+    if Path(path).exists():
+        return None
+    apt = shutil.which("apt-get")
+    if apt is None:
+        return f"{path} is missing and apt-get is not available to install {package}"
+    prefix = []
+    if os.geteuid() != 0:
+        if shutil.which("sudo") is None:
+            return f"{path} is missing; installing {package} needs root (or sudo), and this user is neither"
+        prefix = ["sudo", "-n"]
+    install = prefix + [apt, "install", "-y", "--no-install-recommends", package]
+    why = run_command(install, 900)
+    if why:                                   # stale or missing package lists: refresh them once, retry
+        why = run_command(prefix + [apt, "update"], 300) or run_command(install, 900)
+    if why:
+        return f"apt-get could not install {package}: {why}"
+    return None if Path(path).exists() else f"apt-get installed {package} but {path} does not exist"
+
+
+if __name__ == "__main__":       # python -m autograder.paths --apt PACKAGE PATH: install it, or say why not
+    if len(sys.argv) != 4 or sys.argv[1] != "--apt":
+        sys.exit("usage: python -m autograder.paths --apt PACKAGE PATH")
+    reason = apt_install(sys.argv[2], sys.argv[3])
+    if reason:
+        print(f"note: {reason}", file=sys.stderr)

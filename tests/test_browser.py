@@ -29,6 +29,7 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 
+from autograder.paths import apt_install, run_command
 from coursekit.distributed import free_port
 from helpers import REPO, read_pins, wait_for_server
 
@@ -44,53 +45,20 @@ WIDGET_ERRORS = re.compile(r"Error displaying widget|model not found", re.I)
 
 # ------------------------------------------------------------------ what the test installs
 
-def _run(cmd: list[str], timeout_s: int) -> str | None:
-    """None if ``cmd`` succeeded, else what went wrong (for the skip/fail message)."""
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    try:
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"`{' '.join(cmd)}` failed: {e}"
-    if r.returncode:
-        return f"`{' '.join(cmd)}` exited {r.returncode}: {(r.stdout + r.stderr).strip()[-800:]}"
-    return None
-
-
-def install_chromium() -> str | None:
-    """Make sure Debian's Chromium is at /usr/bin/chromium; None if it is, else why it could not be installed."""
-    if Path(CHROMIUM).exists():
-        return None
-    apt = shutil.which("apt-get")
-    if apt is None:
-        return f"{CHROMIUM} is missing and apt-get is not available to install it"
-    prefix = []
-    if os.geteuid() != 0:
-        if shutil.which("sudo") is None:
-            return f"{CHROMIUM} is missing; installing it needs root (or sudo), and this user is neither"
-        prefix = ["sudo", "-n"]
-    install = prefix + [apt, "install", "-y", "--no-install-recommends", "chromium"]
-    why = _run(install, 900)
-    if why:                                   # stale or missing package lists: refresh them once, retry
-        why = _run(prefix + [apt, "update"], 300) or _run(install, 900)
-    if why:
-        return f"apt-get could not install Chromium: {why}"
-    return None if Path(CHROMIUM).exists() else f"apt-get installed chromium but {CHROMIUM} does not exist"
-
-
 def install_playwright() -> None:
     """Playwright for Python at the version pinned in tests/browser/requirements.txt, in this venv."""
     wanted = read_pins(REQUIREMENTS)["playwright"]
     with contextlib.suppress(metadata.PackageNotFoundError):
         if metadata.version("playwright") == wanted:
             return
-    why = _run([sys.executable, "-m", "pip", "install", "--quiet", "-r", str(REQUIREMENTS)], 600)
+    why = run_command([sys.executable, "-m", "pip", "install", "--quiet", "-r", str(REQUIREMENTS)], 600)
     assert why is None, f"could not install Playwright from {REQUIREMENTS}: {why}"
     importlib.invalidate_caches()
 
 
 @pytest.fixture(scope="session")
 def browser():
-    why = install_chromium()
+    why = apt_install("chromium", CHROMIUM)
     if why:
         pytest.skip(f"browser test needs Chromium: {why}")
     install_playwright()

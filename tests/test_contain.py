@@ -1,5 +1,10 @@
 """The grader's limits on one submission (autograder/contain.py): memory held by a cgroup where the machine
-has one, by the RSS watchdog elsewhere; both stop a memory hog and let a normal job finish."""
+has one, by the RSS watchdog elsewhere; both stop a memory hog and let a normal job finish. The jail
+(bubblewrap): a process in it reaches no network, not even a server on this machine's loopback, reads no
+hidden folder, writes only its working folder, and sees no other process; a kernel started from the
+grading kernelspec answers over its unix sockets."""
+import json
+import socket
 import subprocess
 import sys
 
@@ -7,6 +12,7 @@ import psutil
 import pytest
 
 import autograder.contain as contain
+from autograder.paths import REPO, SOLUTIONS
 
 HOG = "x = bytearray(600 * 2**20); import time; time.sleep(1); print('survived')"
 FINE = "x = bytearray(100 * 2**20); print('finished')"
@@ -61,3 +67,90 @@ def test_a_job_past_its_time_is_killed_with_its_children(tmp_path):
     out = contain.run_limited([sys.executable, "-c", code], tmp_path, {}, timeout=2, memory=LIMIT,
                               log=tmp_path / "slow.log")
     assert out.killed == "timeout" and out.seconds < 30, out
+
+
+jail = pytest.mark.skipif(not contain.jail_available(),
+                          reason=f"no jail here: {contain.jail_missing_reason()} (make test installs bubblewrap)")
+
+PROBE = """
+import json, os, socket, sys
+port, secret, work = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+seen = {}
+s = socket.socket(); s.settimeout(3)
+seen["loopback_server"] = s.connect_ex(("127.0.0.1", port)) == 0
+try:
+    socket.create_connection(("pypi.org", 443), timeout=3).close(); seen["internet"] = True
+except OSError:
+    seen["internet"] = False
+seen["solutions"] = os.listdir(sys.argv[4])
+seen["secret"] = os.path.exists(secret)
+seen["tmp"] = sorted(os.listdir("/tmp"))
+seen["pids"] = len([p for p in os.listdir("/proc") if p.isdigit()])
+for name, path in {"repo": sys.argv[5], "secret_dir": os.path.dirname(secret)}.items():
+    try:
+        open(path, "w").close(); seen["wrote_" + name] = True
+    except OSError:
+        seen["wrote_" + name] = False
+open(os.path.join(work, "result.txt"), "w").write("kept")
+seen["cwd"] = os.getcwd()
+print(json.dumps(seen))
+"""
+
+
+@pytest.fixture
+def server():
+    """A TCP server on this machine's loopback (what a submission must not reach)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+@jail
+def test_the_jail_cuts_the_network_hides_folders_and_keeps_only_the_workdir_writable(tmp_path, server):
+    work, hidden = tmp_path / "work", tmp_path / "grading-out"
+    work.mkdir()
+    hidden.mkdir()
+    (hidden / "gradebook.db").write_text("grades")
+    # outside the jail, the same probe does reach the server and see everything
+    argv = [sys.executable, "-c", PROBE, str(server), str(hidden / "gradebook.db"), str(work), str(SOLUTIONS),
+            str(REPO / "PWNED.txt")]
+    free = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=work).stdout)
+    assert free["loopback_server"] and free["secret"] and free["solutions"], free
+    (REPO / "PWNED.txt").unlink()
+    r = subprocess.run([*contain.jail_argv(work, [SOLUTIONS, hidden], REPO), *argv],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout)
+    assert not seen["loopback_server"] and not seen["internet"], seen
+    assert seen["solutions"] == [] and not seen["secret"], seen
+    assert not seen["wrote_repo"] and not seen["wrote_secret_dir"], seen
+    assert not (REPO / "PWNED.txt").exists()
+    assert seen["cwd"] == str(work.resolve()) and (work / "result.txt").read_text() == "kept"
+    assert seen["pids"] <= 3, "the jail has its own process namespace"
+    # its /tmp is new and empty but for the working folder bound back into it (tmp_path lives under /tmp)
+    assert set(seen["tmp"]) <= {"home", *(p for p in work.resolve().parts[2:3])}, seen["tmp"]
+
+
+@jail
+def test_a_kernel_from_the_grading_kernelspec_runs_in_the_jail_over_unix_sockets(tmp_path, server, monkeypatch):
+    from jupyter_client import KernelManager
+
+    job, work, runtime = tmp_path / "job", tmp_path / "job" / "work", tmp_path / "job" / "runtime"
+    job.mkdir()
+    monkeypatch.setenv("JUPYTER_PATH", str(contain.write_kernelspec(job, work, [SOLUTIONS], REPO, runtime)))
+    km = KernelManager(kernel_name=contain.KERNEL, transport="ipc", connection_file=str(runtime / "kernel-1.json"))
+    km.start_kernel(env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    try:
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=120)
+        out = []
+        code = (f"import os, socket; s = socket.socket(); s.settimeout(3); "
+                f"print(s.connect_ex(('127.0.0.1', {server})) == 0, os.listdir({str(SOLUTIONS)!r}), os.getcwd())")
+        reply = kc.execute_interactive(code, timeout=60, output_hook=lambda m: out.append(m["content"].get("text", "")))
+        assert reply["content"]["status"] == "ok", reply["content"]
+        assert "".join(out).split() == ["False", "[]", str(work.resolve())], out
+        kc.stop_channels()
+    finally:
+        km.shutdown_kernel(now=True)

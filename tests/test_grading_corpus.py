@@ -8,6 +8,7 @@ graded, grades.csv is identical, the gradebook has no duplicates) and one late s
 import csv
 import json
 import shutil
+import socket
 import sqlite3
 import zipfile
 
@@ -15,7 +16,7 @@ import pytest
 
 from autograder.bad_submissions import MODULE, build
 from autograder.collect import collect
-from autograder.contain import jail_available
+from autograder.contain import jail_available, jail_missing_reason
 from autograder.grade import FIELDS, STATUSES, grade
 from autograder.release import REPO, SOLUTIONS, modules
 from autograder.samples import solution_answers, write_submission
@@ -29,8 +30,11 @@ MEMORY = 4 * 2**30       # above a good module-01 grading's RSS summed over its 
 def corpus(tmp_path_factory):
     subs = tmp_path_factory.mktemp("corpus")
     out = tmp_path_factory.mktemp("corpus-grading")
-    expected = build(subs, MODULE, out)
-    rows = grade(subs, out, only=[MODULE], quiet=True, jobs=2, timeout=TIMEOUT, memory=MEMORY, roster=ROSTER)
+    with socket.socket() as server:          # on this machine's loopback: the snoop must not reach it
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        expected = build(subs, MODULE, out, port=server.getsockname()[1])
+        rows = grade(subs, out, only=[MODULE], quiet=True, jobs=2, timeout=TIMEOUT, memory=MEMORY, roster=ROSTER)
     return out, subs, expected, {r["student"]: r for r in rows}
 
 
@@ -80,12 +84,12 @@ def test_chatty_output_is_truncated_in_feedback(corpus):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not jail_available(), reason="no mount namespace (unshare) here: kernels see everything")
+@pytest.mark.skipif(not jail_available(), reason=f"no jail here: {jail_missing_reason()}")
 def test_submissions_cannot_see_secrets_or_write_outside(corpus):
     out, subs, _, _ = corpus
     text = (out / "feedback" / "snoop" / MODULE / f"{MODULE}.html").read_text()
     assert "SNOOP-SEES" in text, "the snoop cell did not run"
-    for name in ("solutions", "gradebook", "submissions", "scratch_source", "scratch_gradebook"):
+    for name in ("solutions", "gradebook", "submissions", "scratch_source", "scratch_gradebook", "network"):
         assert f"SNOOP-SEES {name} False" in text, f"a submission could see {name}"
     assert "SNOOP-WROTE" not in text and text.count("SNOOP-BLOCKED") == 4   # (the source says 'SNOOP-' + ...)
     for p in (SOLUTIONS / "PWNED.txt", out / "PWNED.txt", REPO / "PWNED.txt", subs / "good" / "PWNED.txt"):
