@@ -22,26 +22,24 @@ What this module does for every submission (and what it does NOT do):
   between forked ranks twice, so that limit is conservative, and a very fast allocation can
   overshoot it by what it allocates in 0.2 s). ``RLIMIT_AS`` is not used: torch reserves far
   more address space than it uses.
-* **What the student's kernel can see** (when ``unshare`` works, i.e. we are root or have
-  CAP_SYS_ADMIN; ``jail_available()``): the kernel is started through ``JOB/jail.sh`` in a
-  private mount namespace (``unshare --mount``) where ``/tmp`` is a fresh, empty 512 MiB
-  tmpfs (the scratch roots of every job, including its own source notebook with the hidden
-  tests and its gradebook, live under the system temp folder and so are gone), the
-  repository is mounted read-only, and ``solutions/``, ``.git``, the grading output folder
-  (main gradebook, other students' feedback) and the submissions folder are covered by empty
-  read-only tmpfs mounts. Only its own working directory is bound back in, writable. So it cannot read
-  the hidden tests before they run, cannot read or write ``solutions/`` or the gradebook, and
-  cannot read or write other students' files.
-* **What is NOT prevented.** This is not a security sandbox: the kernel runs as the same
-  user as the grader (root here), in the same network namespace (it can open sockets and
-  talk to anything on localhost), with the rest of the filesystem visible and, outside the
-  repository and /tmp, writable (``$HOME``, ``/var/tmp``, ``/dev/shm``); root can undo mounts
-  (``umount``) or read other processes' memory through /proc (the grader holds the hidden
-  tests in memory). The hidden tests run in the same kernel as the student's code, after
-  it, so a student's code can still monkey-patch what the tests call. Without ``unshare``
-  (non-root CI) the kernel sees the whole filesystem; only the working-directory separation,
-  the time and the memory limits remain. Grade untrusted submissions inside a container or
-  VM you can throw away.
+* **What the student's kernel can see** (where bubblewrap is installed and can make namespaces:
+  root, or unprivileged user namespaces; ``jail_available()``; ``make test`` and ``make grade``
+  install Debian's ``bubblewrap``): the kernel starts through ``bwrap`` (``jail_argv``) with the
+  whole filesystem read-only; a fresh, empty ``/tmp`` (the scratch roots of every job, with its
+  own source notebook, hidden tests and gradebook, live under the system temp folder and so are
+  gone); ``solutions/``, ``.git``, ``build/``, the grading output folder (main gradebook, other
+  students' feedback) and the submissions folder covered by empty read-only folders; only its
+  own working directory, and the folder of its connection file, writable. It has no network but
+  a loopback of its own (it cannot reach servers on this machine's loopback either; nbgrader
+  talks to it over unix sockets, ``transport = 'ipc'``), its own process namespace (it cannot see
+  or signal the grader, or read its memory through /proc), no capabilities even as root, and it
+  dies with the process that started it.
+* **What is NOT prevented.** The kernel runs as the same user as the grader. The hidden tests
+  run in the same kernel as the student's code, after it, so a student's code can still
+  monkey-patch what the tests call. Without bubblewrap the kernel sees the whole filesystem and
+  the network; only the working-directory separation, the time and the memory limits remain,
+  and the grader says so when it starts. Grade untrusted submissions inside a container or VM
+  you can throw away all the same.
 """
 from __future__ import annotations
 
