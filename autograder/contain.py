@@ -144,20 +144,21 @@ def _kernel_python() -> list[str]:
     return [sys.executable, "-m", "ipykernel_launcher"]
 
 
-def write_kernelspec(job: Path, workdir: Path, hide: list[Path], repo: Path, runtime: Path) -> Path:
+def write_kernelspec(job: Path, workdir: Path, hide: list[Path], repo: Path, writable: list[Path]) -> Path:
     """A ``ray-train-course`` kernelspec under ``job/jupyter`` that starts the kernel in the jail.
 
-    ``runtime`` is the Jupyter runtime folder where the connection file and (with no network in
-    the jail) the kernel's IPC sockets live: it is bound into the jail. Returns the folder to put
-    on ``JUPYTER_PATH``.
+    ``writable``: folders bound writable into the jail besides ``workdir`` (made if missing): the
+    Jupyter runtime folder, where the connection file and (with no network in the jail) the
+    kernel's unix sockets live, and the job's checkpoint storage. Returns the folder to put on
+    ``JUPYTER_PATH``.
     """
     kdir = job / "jupyter" / "kernels" / KERNEL
     kdir.mkdir(parents=True)
     argv = [*_kernel_python(), "-f", "{connection_file}"]
     if jail_available():
-        workdir.mkdir(parents=True, exist_ok=True)
-        runtime.mkdir(parents=True, exist_ok=True)
-        argv = [*jail_argv(workdir, hide, repo, writable=[runtime]), *argv]
+        for p in [workdir, *writable]:
+            p.mkdir(parents=True, exist_ok=True)
+        argv = [*jail_argv(workdir, hide, repo, writable=writable), *argv]
     (kdir / "kernel.json").write_text(json.dumps({
         "argv": argv, "display_name": "Python (Ray Train course, grading)", "language": "python"}))
     return job / "jupyter"

@@ -241,7 +241,7 @@ def run_job(f: Found, template: Path, jobs_base: Path, hide: list[Path], timeout
     workdir = job / "work" / f.student / f.module
     env = {"COURSE_GRADING": "1", "COURSE_SIZE": "smoke", "COURSE_STORAGE": str(job / "storage"),
            "CUDA_VISIBLE_DEVICES": "", "COURSE_RECORD": "", "MPLBACKEND": "Agg",
-           "JUPYTER_PATH": str(write_kernelspec(job, workdir, hide, REPO, job / "runtime")),
+           "JUPYTER_PATH": str(write_kernelspec(job, workdir, hide, REPO, [job / "runtime", job / "storage"])),
            "JUPYTER_RUNTIME_DIR": str(job / "runtime"), "PYTHONPATH": str(REPO),
            "PYTHONDONTWRITEBYTECODE": "1"}
     outcome = run_limited([sys.executable, "-m", "autograder.worker", str(job), f.student, f.module],

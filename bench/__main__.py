@@ -174,8 +174,8 @@ def fit_cost(ctx: dict) -> dict:
               "The probe's actors with a runtime_env of their own got new processes, as Ray Train's do: under the "
               "course's job runtime_env no actor of a fit reuses an idle prestarted process, so a fit cannot "
               "start on warm processes in Ray 2.60. ")
-           + "Done (issue 9): the install drops rfc3987-syntax, whose grammar cost every process importing Ray "
-           "1.5 s, and the raylet starts a fit's processes together (worker_maximum_startup_concurrency 8). "
+           + "Done: the install drops rfc3987-syntax, whose grammar every process importing Ray compiled at "
+           "start-up, and the raylet starts a fit's processes together (worker_maximum_startup_concurrency 8). "
            "Tried, no gain: preloading ray.train.torch into 6 "
            "warm workers (+3 GiB idle, none used), raylet worker niceness 0; "
            "the course's health-check interval is 0.5 s; the shutdown after "
@@ -241,7 +241,7 @@ def data(ctx: dict) -> dict:
             "how": (f"module 03's comparison (its notebook's DataLoader vs Ray Data cell, with its `preprocess` and "
                     f"`coursekit.raydata` plan/timed): {r['rows']} PNG digits ({r.get('source', '?')}) read, decoded, normalised and batched "
                     f"({r['batch_size']} per batch) by a DataLoader with Ray Data's CPUs as worker processes and by "
-                    "`ray.data.read_images(...).map_batches(preprocess)`. No target in issue 9; the last pass counts "
+                    "`ray.data.read_images(...).map_batches(preprocess)`. No target; the last pass counts "
                     "(the first includes starting processes).")}
 
 

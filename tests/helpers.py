@@ -7,11 +7,14 @@ conftest.py.
 from __future__ import annotations
 
 import re
+import signal
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from coursekit.proctree import kill_tree
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -48,3 +51,11 @@ def wait_for_server(get, proc, what: str, stop, timeout_s: float = 120) -> None:
                 stop(proc)
                 pytest.fail(f"{what} did not start: " + proc.stdout.read().decode()[-2000:])
             time.sleep(1)
+
+
+def stop_process_group(proc, timeout_s: float = 30) -> None:
+    """Stop a server started with ``start_new_session=True`` and everything it started: SIGTERM to its
+    tree and group, SIGKILL to whatever is left after ``timeout_s``; then reap it."""
+    if kill_tree(proc.pid, signal.SIGTERM, timeout=timeout_s, group=True):
+        kill_tree(proc.pid, signal.SIGKILL, group=True)
+    proc.wait(timeout=30)

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ import pytest
 
 from autograder.paths import apt_install, run_command
 from coursekit.distributed import free_port
-from helpers import REPO, read_pins, wait_for_server
+from helpers import REPO, read_pins, stop_process_group, wait_for_server
 
 pytestmark = pytest.mark.slow
 
@@ -110,14 +109,7 @@ def _stop(proc, get) -> None:
     with contextlib.suppress(Exception):         # shut kernels down first: the kernel's atexit stops its Ray
         for kernel in json.loads(get("/api/kernels")):
             get(f"/api/kernels/{kernel['id']}", method="DELETE")
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+    stop_process_group(proc)
 
 
 @pytest.fixture(scope="module")

@@ -138,7 +138,7 @@ def test_a_kernel_from_the_grading_kernelspec_runs_in_the_jail_over_unix_sockets
 
     job, work, runtime = tmp_path / "job", tmp_path / "job" / "work", tmp_path / "job" / "runtime"
     job.mkdir()
-    monkeypatch.setenv("JUPYTER_PATH", str(contain.write_kernelspec(job, work, [SOLUTIONS], REPO, runtime)))
+    monkeypatch.setenv("JUPYTER_PATH", str(contain.write_kernelspec(job, work, [SOLUTIONS], REPO, [runtime])))
     km = KernelManager(kernel_name=contain.KERNEL, transport="ipc", connection_file=str(runtime / "kernel-1.json"))
     km.start_kernel(env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
     try:

@@ -2,7 +2,6 @@
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -15,7 +14,7 @@ from autograder.grade import prepare
 from autograder.release import REPO, modules
 from autograder.student_release import build, leaks, main as release_main
 from coursekit.distributed import free_port
-from helpers import wait_for_server
+from helpers import stop_process_group, wait_for_server
 
 
 def test_student_release_has_the_course_and_no_answers(tmp_path):
@@ -60,10 +59,9 @@ def formgrader(tmp_path_factory):
         with urllib.request.urlopen(req, timeout=20) as r:
             return r.status, r.read().decode()
 
-    wait_for_server(get, proc, "jupyter server", lambda p: os.killpg(p.pid, signal.SIGTERM))
+    wait_for_server(get, proc, "jupyter server", stop_process_group)
     yield get
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=30)
+    stop_process_group(proc)
 
 
 def test_formgrader_serves_the_grading_course(formgrader):

@@ -1,14 +1,13 @@
 """`make lab` serves course/ with the course kernel and the widgets extension (headless, no browser)."""
 import json
 import os
-import signal
 import subprocess
 import urllib.request
 
 import pytest
 
 from coursekit.distributed import free_port
-from helpers import REPO, wait_for_server
+from helpers import REPO, stop_process_group, wait_for_server
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +30,7 @@ def lab():
 
 
 def _stop(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=30)
+    stop_process_group(proc)
 
 
 def test_lab_serves_the_course_folder(lab):

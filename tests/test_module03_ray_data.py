@@ -2,15 +2,13 @@
 learns; refuses impossible plans with a clear message."""
 import json
 import subprocess
-import threading
 
 import numpy as np
-import psutil
 import pytest
 
 from helpers import PY, REPO
 from coursekit import detect
-from coursekit.notebooks import tree_pss
+from coursekit.proctree import PeakSampler, kill_tree
 
 SCRIPT_DIR = REPO / "solutions" / "03_ray_data"
 OBJECT_STORE_MIB = 80                               # the local Ray's whole object store
@@ -24,25 +22,14 @@ def streaming_run(tmp_path_factory):
            "--data-size-gb", f"{DATA_GB:.4f}", "--object-store-mib", str(OBJECT_STORE_MIB),
            "--global-batch-size", "128", "--metrics-out", str(out)]
     proc = subprocess.Popen(cmd, cwd=SCRIPT_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peak, stop = [0], threading.Event()
-
-    def sample():
-        ps = psutil.Process(proc.pid)
-        while not stop.is_set():
-            peak[0] = max(peak[0], tree_pss(ps))
-            stop.wait(1.0)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
     try:
-        output, _ = proc.communicate(timeout=600)
+        with PeakSampler(proc.pid) as sampler:
+            output, _ = proc.communicate(timeout=600)
     finally:
-        stop.set()
-        sampler.join()
         if proc.poll() is None:
-            proc.kill()
+            kill_tree(proc.pid)
     assert proc.returncode == 0, output[-4000:]
-    return json.loads(out.read_text()), output, peak[0]
+    return json.loads(out.read_text()), output, sampler.peak
 
 
 @pytest.mark.slow

@@ -19,7 +19,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -29,6 +28,7 @@ import psutil
 import pytest
 
 from helpers import PY, REPO
+from coursekit.proctree import kill_tree
 from coursekit.distributed import free_port
 
 SCRIPT_DIR = REPO / "solutions" / "02_ray_train"
@@ -82,10 +82,7 @@ def _stop_node(node: subprocess.Popen) -> None:
         node.wait(timeout=45)
     except subprocess.TimeoutExpired:
         pass
-    try:
-        os.killpg(node.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    kill_tree(node.pid, group=True)
     node.wait(timeout=15)
 
 
