@@ -11,9 +11,11 @@ name without a path separator (non-ASCII is fine).
    ``Untitled.ipynb``) is graded as that module's notebook (the row's detail says so); with
    several other notebooks it is an "invalid notebook".
 2. A folder per student: ``<student>/<module>.ipynb``.
-3. A flat folder or LMS download, file names following nbgrader's ``zip_collect`` convention
-   (``FileNameCollectorPlugin.named_regexp`` with ``student_id``/``file_id``/``timestamp``
-   groups), anywhere in the tree; the first pattern that matches wins:
+3. A flat folder or LMS download, anywhere in the tree, file names read by nbgrader's own
+   ``FileNameCollectorPlugin`` (the one ``nbgrader zip_collect`` uses: a ``named_regexp`` with
+   ``student_id``/``file_id``/``timestamp`` groups, ``file_id`` being the module, with or
+   without ``.ipynb``). An instructor's own ``c.FileNameCollectorPlugin.named_regexp`` in
+   ``autograder/nbgrader_config.py`` is tried first; then these, and the first that matches wins:
 
    - ``<module>_<student>_attempt_<timestamp>[_<anything>].ipynb``  (nbgrader's documented
      example, e.g. ``01_ddp_pytorch_ada_attempt_2024-05-01-10-00-00_01_ddp_pytorch.ipynb``)
@@ -30,11 +32,18 @@ which is what gets graded and hashed.
 """
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from autograder.paths import CONFIG
+
+# the plugin logs a warning for every name a pattern does not match: several per file, all expected
+_QUIET = logging.getLogger("autograder.collect.names")
+_QUIET.setLevel(logging.ERROR)
 
 
 @dataclass
@@ -47,14 +56,26 @@ class Found:
     invalid: str = ""       # set when the folder cannot be graded at all
 
 
-def _patterns(modules: list[str]) -> list[re.Pattern]:
+def _instructor_regexp() -> str:
+    """``c.FileNameCollectorPlugin.named_regexp`` from the course's nbgrader config ("" when not set)."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader(CONFIG.name, path=str(CONFIG.parent)).load_config()
+    return config.FileNameCollectorPlugin.get("named_regexp", "") if "FileNameCollectorPlugin" in config else ""
+
+
+def _collectors(modules: list[str]) -> list:
+    """nbgrader's FileNameCollectorPlugin, once per naming convention (see the module's docstring)."""
+    from nbgrader.plugins import FileNameCollectorPlugin
+
     m = "|".join(re.escape(x) for x in sorted(modules, key=len, reverse=True))
-    return [re.compile(p) for p in (
+    patterns = [p for p in [_instructor_regexp()] if p] + [
         rf"^(?P<file_id>{m})_(?P<student_id>.+?)_attempt_(?P<timestamp>[0-9\-]+)(?:_.*)?\.ipynb$",
         rf"^(?P<student_id>[^_]+)_(?:LATE_)?\d+_\d+_(?P<file_id>{m})(?:-\d+)?\.ipynb$",
         rf"^(?P<file_id>{m})_(?P<student_id>.+)\.ipynb$",
         rf"^(?P<student_id>.+?)_(?P<file_id>{m})(?:[-_ ].*)?\.ipynb$",
-    )]
+    ]
+    return [FileNameCollectorPlugin(named_regexp=p, log=_QUIET) for p in patterns]
 
 
 def _visible(path: Path, base: Path) -> bool:
@@ -85,7 +106,7 @@ def collect(submissions: Path, out: Path, modules: list[str]) -> tuple[list[Foun
             folders[(sdir.name, mdir.name)] = mdir
     claimed = {p for f in folders.values() for p in f.rglob("*")}
 
-    pats = _patterns(modules)
+    collectors = _collectors(modules)
     for nb in sorted(base.rglob("*.ipynb")):
         if nb in claimed or not _visible(nb, base) or not nb.is_file():
             continue
@@ -93,11 +114,12 @@ def collect(submissions: Path, out: Path, modules: list[str]) -> tuple[list[Foun
         if len(rel.parts) == 2 and nb.stem in known:                      # 2. <student>/<module>.ipynb
             candidates.setdefault((rel.parts[0], nb.stem), []).append(("", nb, str(rel)))
             continue
-        for pat in pats:                                                  # 3. flat / LMS names
-            mt = pat.match(nb.name)
-            if mt:
-                key = (mt.group("student_id").strip(), mt.group("file_id"))
-                candidates.setdefault(key, []).append((mt.groupdict().get("timestamp") or "", nb, str(rel)))
+        for collector in collectors:                                      # 3. flat / LMS names
+            info = collector.collect(nb.name)
+            module = (info or {}).get("file_id", "").removesuffix(".ipynb")
+            if module in known and info.get("student_id"):
+                key = (info["student_id"].strip(), module)
+                candidates.setdefault(key, []).append((info.get("timestamp") or "", nb, str(rel)))
                 break
         else:
             unmatched.append(str(rel))

@@ -60,6 +60,7 @@ import psutil
 
 from autograder.paths import tool_env
 from coursekit.proctree import kill_tree, sum_memory, tree
+from coursekit.runtime import own_cgroups
 
 KERNEL = "ray-train-course"
 
@@ -238,23 +239,16 @@ class MemoryCgroup:
 @lru_cache(maxsize=1)
 def _cgroup_parent() -> tuple[Path, int] | None:
     """(folder, version) under which the grader may create memory cgroups, or None."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
     candidates = []
-    for line in lines:
-        _, controllers, group = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            candidates.append((Path("/sys/fs/cgroup/memory") / group.lstrip("/"), 1))
-        elif controllers == "":
-            base = Path("/sys/fs/cgroup")
-            folder = base / group.lstrip("/")
-            try:   # v2: only where the memory controller is enabled for this group's children
-                if "memory" in (folder / "cgroup.subtree_control").read_text().split():
-                    candidates.append((folder, 2))
-            except OSError:
-                pass
+    for c in own_cgroups("memory"):
+        if c.version == 1:
+            candidates.append((c.folder, 1))
+            continue
+        try:   # v2: only where the memory controller is enabled for this group's children
+            if "memory" in (c.folder / "cgroup.subtree_control").read_text().split():
+                candidates.append((c.folder, 2))
+        except OSError:
+            pass
     for folder, version in candidates:
         try:
             MemoryCgroup(folder, version, 2**30).remove()

@@ -268,8 +268,16 @@ def _status(run: dict, timeout: float, memory: int) -> tuple[str, str]:
     return "invalid notebook", f"nbgrader could not grade it: {last}"
 
 
+def _copy_fields(src, dest) -> None:
+    """Every column of an nbgrader gradebook row but its keys: a field a newer nbgrader adds is copied too."""
+    for column in type(src).__table__.columns:
+        if not (column.primary_key or column.foreign_keys):
+            setattr(dest, column.key, getattr(src, column.key))
+
+
 def merge(main: Path, run: dict, student: str, module: str) -> float:
-    """Copy one autograded submission's grades into the main gradebook; return its score."""
+    """Copy one autograded submission (submission, notebooks, grades, comments) from the job's gradebook
+    into the main gradebook; return its score."""
     from nbgrader.api import Gradebook
 
     job = run["job"]
@@ -277,17 +285,13 @@ def merge(main: Path, run: dict, student: str, module: str) -> float:
     with Gradebook(f"sqlite:///{job / 'root' / 'gradebook.db'}") as wgb, \
             Gradebook(f"sqlite:///{main / 'gradebook.db'}") as gb:
         wsub = wgb.find_submission(module, student)
-        gb.add_submission(module, student, timestamp=wsub.timestamp)
+        _copy_fields(wsub, gb.add_submission(module, student))
         for wnb in wsub.notebooks:
-            snb = gb.find_submission_notebook(wnb.name, module, student)
-            snb.flagged = wnb.flagged
+            _copy_fields(wnb, gb.find_submission_notebook(wnb.name, module, student))
             for wg in wnb.grades:
-                g = gb.find_grade(wg.name, wnb.name, module, student)
-                g.auto_score, g.manual_score = wg.auto_score, wg.manual_score
-                g.extra_credit, g.needs_manual_grade = wg.extra_credit, wg.needs_manual_grade
+                _copy_fields(wg, gb.find_grade(wg.name, wnb.name, module, student))
             for wc in wnb.comments:
-                c = gb.find_comment(wc.name, wnb.name, module, student)
-                c.auto_comment, c.manual_comment = wc.auto_comment, wc.manual_comment
+                _copy_fields(wc, gb.find_comment(wc.name, wnb.name, module, student))
         gb.db.commit()
         score = gb.find_submission(module, student).score
     for sub, src in (("autograded", job / "work" / student / module),
@@ -464,11 +468,17 @@ def record(job: Job, run: dict, main: Path, out: Path, max_score: float, memory:
 
 def write_reports(out: Path, main: Path, table: list[dict], wanted: list[str], workers: int, graded_now: int,
                   wall_s: float) -> None:
-    """grades.csv, the feedback folder (one page per row that was graded) and timings.json."""
+    """grades.csv, nbgrader's own export of the gradebook (nbgrader-grades.csv, for an LMS), the feedback
+    folder (one page per row that was graded) and timings.json."""
+    from nbgrader.api import Gradebook
+    from nbgrader.plugins import CsvExportPlugin
+
     with open(out / "grades.csv", "w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows({k: r[k] for k in FIELDS} for r in table)
+    with Gradebook(f"sqlite:///{main / 'gradebook.db'}") as gb:
+        CsvExportPlugin(to=str(out / "nbgrader-grades.csv"), assignment=list(wanted)).export(gb)
     fb = out / "feedback"
     shutil.rmtree(fb, ignore_errors=True)
     for r in table:

@@ -106,6 +106,41 @@ def _limit(base: Path, group: str, *names: str) -> float | None:
     return min(limits) if limits else None
 
 
+@dataclasses.dataclass(frozen=True)
+class Cgroup:
+    """One of this process's cgroups: its hierarchy's mount ``base``, the ``group`` path under it (as
+    /proc/self/cgroup names it) and the cgroup ``version`` (1, or 2 for the unified hierarchy)."""
+    base: Path
+    group: str
+    version: int
+
+    @property
+    def folder(self) -> Path:
+        return self.base / self.group.lstrip("/")
+
+
+def own_cgroups(controller: str, sys_root: Path = Path("/sys/fs/cgroup"),
+                proc_cgroup: Path = Path("/proc/self/cgroup")) -> list[Cgroup]:
+    """This process's cgroups where ``controller``'s files ("memory", "cpu") may be: the v1 hierarchy
+    that holds the controller and the v2 (unified) one, at the root or under "unified" in hybrid mode.
+    The one reader of /proc/self/cgroup (limits here, the grader's memory cgroups in autograder.contain)."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        _, controllers, group = line.split(":", 2)
+        if controllers == "":
+            base = sys_root if (sys_root / "cgroup.controllers").exists() else sys_root / "unified"
+            found.append(Cgroup(base, group, 2))
+        elif controller in controllers.split(","):
+            base = next((sys_root / n for n in (controllers, controller, "cpu,cpuacct", "cpuacct,cpu")
+                         if (sys_root / n).is_dir()), sys_root / controller)
+            found.append(Cgroup(base, group, 1))
+    return found
+
+
 def cgroup_limits(sys_root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")
                   ) -> tuple[float | None, int | None]:
     """(CPUs, memory bytes) that this process's cgroups allow, None where unlimited or unknown.
@@ -113,31 +148,13 @@ def cgroup_limits(sys_root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = P
     Binder, Kubernetes pods (KubeRay) and Docker set these; the host's CPU and memory counts do not
     show them. Reads cgroup v2 (``cpu.max``, ``memory.max``) and v1 (``cpu.cfs_quota_us`` /
     ``cpu.cfs_period_us``, ``memory.limit_in_bytes``)."""
-    cpus = memory = None
-    try:
-        lines = proc_cgroup.read_text().splitlines()
-    except OSError:
-        return None, None
-    found: list[tuple[str, float | None]] = []
-    for line in lines:
-        _, controllers, group = line.split(":", 2)
-        if controllers == "":               # cgroup v2 (unified): at the root, or under "unified" in hybrid mode
-            base = sys_root if (sys_root / "cgroup.controllers").exists() else sys_root / "unified"
-            found += [("cpu", _limit(base, group, "cpu.max")), ("memory", _limit(base, group, "memory.max"))]
-        for controller in controllers.split(","):
-            if controller == "memory":
-                found.append(("memory", _limit(sys_root / "memory", group, "memory.limit_in_bytes")))
-            elif controller == "cpu":
-                base = next((sys_root / n for n in ("cpu", "cpu,cpuacct", "cpuacct,cpu")
-                             if (sys_root / n).is_dir()), sys_root / "cpu")
-                found.append(("cpu", _limit(base, group, "cpu.cfs_quota_us", "cpu.cfs_period_us")))
-    cpu_limits = [v for k, v in found if k == "cpu" and v is not None]
-    memory_limits = [v for k, v in found if k == "memory" and v is not None]
-    if cpu_limits:
-        cpus = min(cpu_limits)
-    if memory_limits:
-        memory = int(min(memory_limits))
-    return cpus, memory
+    cpu = [_limit(c.base, c.group, "cpu.max") if c.version == 2 else
+           _limit(c.base, c.group, "cpu.cfs_quota_us", "cpu.cfs_period_us")
+           for c in own_cgroups("cpu", sys_root, proc_cgroup)]
+    memory = [_limit(c.base, c.group, "memory.max" if c.version == 2 else "memory.limit_in_bytes")
+              for c in own_cgroups("memory", sys_root, proc_cgroup)]
+    cpu, memory = [v for v in cpu if v is not None], [v for v in memory if v is not None]
+    return (min(cpu) if cpu else None), (int(min(memory)) if memory else None)
 
 
 def _count_gpus() -> int:

@@ -17,7 +17,8 @@ import pytest
 from autograder.bad_submissions import MODULE, build
 from autograder.collect import collect
 from autograder.contain import jail_available, jail_missing_reason
-from autograder.grade import FIELDS, STATUSES, grade
+from autograder.grade import FIELDS, STATUSES, grade, merge
+from autograder.paths import tool_env
 from autograder.release import REPO, SOLUTIONS, modules
 from autograder.samples import solution_answers, write_submission
 
@@ -74,6 +75,56 @@ def test_csv_schema_and_feedback(corpus):
         assert html.exists() == (r["status"] != "missing"), html
     timings = json.loads((out / "timings.json").read_text())
     assert timings["seconds_per_submission"][MODULE]["submissions"] >= 7
+
+
+@pytest.mark.slow
+def test_nbgraders_own_export_agrees_with_grades_csv(corpus):
+    """nbgrader's CsvExportPlugin reads the main gradebook: its scores are the ones grades.csv reports."""
+    out, _, _, _ = corpus
+    ours = {r["student"]: float(r["score"]) for r in _csv(out)}
+    with open(out / "nbgrader-grades.csv", encoding="utf-8", newline="") as f:
+        theirs = {r["student_id"]: float(r["score"]) for r in csv.DictReader(f) if r["assignment"] == MODULE}
+    assert theirs == ours
+    assert theirs["good"] > 0
+
+
+def test_merge_copies_every_field_of_a_jobs_gradebook(tmp_path, monkeypatch):
+    """A job's submission, notebook, grade and comment rows reach the main gradebook whole, set fields and
+    all (late penalty, flags, manual scores), whatever columns this nbgrader version has."""
+    from nbgrader.api import Gradebook
+
+    monkeypatch.setenv("PATH", tool_env()["PATH"])      # a new gradebook runs this venv's `alembic`
+    job, main = tmp_path / "job", tmp_path / "main"
+    (job / "root").mkdir(parents=True)
+    main.mkdir()
+    for db in (job / "root" / "gradebook.db", main / "gradebook.db"):
+        with Gradebook(f"sqlite:///{db}") as gb:
+            gb.add_assignment("m1")
+            gb.add_notebook("m1", "m1")
+            gb.add_grade_cell("t1", "m1", "m1", max_score=3, cell_type="code")
+            gb.add_solution_cell("s1", "m1", "m1")
+            gb.add_student("ada")
+    with Gradebook(f"sqlite:///{job / 'root' / 'gradebook.db'}") as gb:
+        sub = gb.add_submission("m1", "ada", timestamp="2026-01-02 03:04:05")
+        nb = gb.find_submission_notebook("m1", "m1", "ada")
+        nb.flagged, nb.late_submission_penalty = True, 0.5
+        g = gb.find_grade("t1", "m1", "m1", "ada")
+        g.auto_score, g.manual_score, g.extra_credit, g.needs_manual_grade = 1.5, 2.5, 0.25, True
+        c = gb.find_comment("s1", "m1", "m1", "ada")
+        c.auto_comment, c.manual_comment = "auto", "see me"
+        gb.db.commit()
+
+    score = merge(main, {"job": job}, "ada", "m1")
+
+    def rows(db):
+        with Gradebook(f"sqlite:///{db}") as gb:
+            sub = gb.find_submission("m1", "ada")
+            objs = [sub, *sub.notebooks, *sub.notebooks[0].grades, *sub.notebooks[0].comments]
+            return [{col.key: getattr(o, col.key) for col in type(o).__table__.columns
+                     if not (col.primary_key or col.foreign_keys)} for o in objs]
+
+    assert rows(main / "gradebook.db") == rows(job / "root" / "gradebook.db")
+    assert score == 2.5 + 0.25
 
 
 @pytest.mark.slow
@@ -161,3 +212,19 @@ def test_input_layouts_flat_folder_and_lms_zip(tmp_path):
     found_nb, _ = collect(layout, tmp_path / "out3", ms)
     assert [(f.student, f.module) for f in found_nb] == [("fay", m)]
     assert "Untitled.ipynb" in found_nb[0].detail
+
+
+def test_an_instructors_own_lms_naming_is_read_by_nbgraders_collector(tmp_path, monkeypatch):
+    """``c.FileNameCollectorPlugin.named_regexp`` in the course's nbgrader config names another LMS's files."""
+    import autograder.collect as collect_module
+
+    m = modules()[0]
+    monkeypatch.setattr(collect_module, "_instructor_regexp",
+                        lambda: r"^sub-(?P<student_id>[a-z]+)-(?P<file_id>[0-9a-z_]+\.ipynb)$")
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for name in (f"sub-zed-{m}.ipynb", "sub-yan-notamodule.ipynb"):
+        (flat / name).write_bytes((REPO / "course" / m / f"{m}.ipynb").read_bytes())
+    found, unmatched = collect(flat, tmp_path / "out", modules())
+    assert [(f.student, f.module) for f in found] == [("zed", m)]
+    assert unmatched == ["sub-yan-notamodule.ipynb"]

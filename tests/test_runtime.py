@@ -141,14 +141,9 @@ def test_worker_resources_count_the_gpu_nodes_an_autoscaler_may_still_start(monk
 
 def _own_v1_group(controller: str):
     """This process's cgroup v1 folder for ``controller``, or None (no v1 hierarchy for it)."""
-    from pathlib import Path
+    from coursekit.runtime import own_cgroups
 
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, group = line.split(":", 2)
-        if controller in controllers.split(","):
-            folder = Path("/sys/fs/cgroup") / controllers / group.lstrip("/")
-            return folder if folder.is_dir() else None
-    return None
+    return next((c.folder for c in own_cgroups(controller) if c.version == 1 and c.folder.is_dir()), None)
 
 
 def test_detect_in_a_real_cgroup_sees_its_cpu_quota_and_memory_limit(tmp_path):
