@@ -115,8 +115,8 @@ def configure_ray_data(plan: DataPlan, block_bytes: int = 4 * 2**20):
     ctx.execution_options.resource_limits = _execution_options(plan).resource_limits
     # Ray 2.60's new Parquet reader (DataSourceV2) lists files and reads footers with pools of
     # actors (up to 32 footer readers) per read: on a small cluster every read_parquet then
-    # starts several new worker processes, 20-50 s on 2 CPUs for a 1 MB data set. The classic
-    # reader runs plain tasks. Big clusters keep the default.
+    # starts several new worker processes, which on a few CPUs takes far longer than reading a small
+    # data set. The classic reader runs plain tasks. Big clusters keep the default.
     if plan.cluster_cpus < SMALL_CLUSTER_CPUS:
         ctx.use_datasource_v2 = False
     ctx.target_max_block_size = block_bytes

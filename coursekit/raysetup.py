@@ -67,8 +67,9 @@ LEAN_SYSTEM_CONFIG = {"enable_worker_prestart": False, "prestart_worker_first_dr
 
 # Every Ray Train fit() starts 6 new Python processes (controller, placement-group cleaner, dataset
 # manager, synchronization actor, 2 workers; the first fit of a session a 7th, the autoscaling coordinator;
-# actors never reuse the idle prestarted ones when the job has a runtime_env), and the raylet starts at most num_cpus (2 here) at once: the workers' processes
-# waited ~6 s behind the helpers'. Letting them start together costs no idle memory.
+# actors never reuse the idle prestarted ones when the job has a runtime_env), and the raylet starts at most
+# num_cpus of them at once: on a small machine the workers' processes wait behind the helpers'. Letting them
+# start together costs no idle memory.
 START_SYSTEM_CONFIG = {"worker_maximum_startup_concurrency": 8}
 
 
