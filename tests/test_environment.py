@@ -132,8 +132,12 @@ def test_make_installs_the_course_set_for_students_and_the_dev_set_for_instructo
     assert rules["$(STAMP)"] == ["requirements.txt", "pyproject.toml"]   # what tests/test_browser links for `make lab`
     assert rules["$(DEV_STAMP)"] == ["requirements-dev.txt", "$(STAMP)"]
     assert rules["lab"] == ["$(STAMP)"] and rules["venv"] == ["$(STAMP)"]
-    for target in ("test", "course", "assignments", "grade", "release", "bench"):
+    for target in ("course", "assignments", "release"):
         assert rules[target] == ["$(DEV_STAMP)"], f"make {target} must install requirements-dev.txt"
+    # grading and the commands that grade also install the kernel's jail, bubblewrap (after the dev set)
+    assert rules["jail"] == ["$(DEV_STAMP)"] and "--apt bubblewrap /usr/bin/bwrap" in _recipe("jail")
+    for target in ("test", "test-fast", "grade", "bench"):
+        assert rules[target] == ["jail"], f"make {target} must install requirements-dev.txt and bubblewrap"
     course, dev = _recipe("$(STAMP)"), _recipe("$(DEV_STAMP)")
     assert "-r requirements.txt" in course and "requirements-dev" not in course
     assert "coursekit.jupyter_setup --sys-prefix" in course
