@@ -80,6 +80,25 @@ def test_each_module_has_graded_exercises_with_hidden_tests():
         assert len(params) == 1, f"{module}: exactly one papermill parameters cell"
 
 
+TIME_LINE = re.compile(r"\*\*Time\*\*: yours, about [^(]+\(about (\d+) minutes of reading, (\d+) coding exercises? "
+                       r"and (\d+) questions?\); the machine's, [^.;]*\d[^.;]*minutes? on")
+
+
+def test_each_module_states_the_students_time_and_the_machines():
+    """The first cell gives the student's time (reading at about 200 words a minute, the exercises and questions
+    counted as the notebook has them) and the machine's."""
+    for module in modules():
+        nb = nbformat.read(REPO / "solutions" / module / f"{module}.ipynb", as_version=4)
+        m = TIME_LINE.search(nb.cells[0].source.replace("\n", " "))
+        assert m, f"{module}: no '**Time**: yours, ... (about N minutes of reading, ...); the machine's, ...' line"
+        reading, exercises, questions = map(int, m.groups())
+        words = sum(len(c.source.split()) for c in nb.cells if c.cell_type == "markdown")
+        assert abs(reading - words / 200) <= 5, f"{module}: {words} words are about {words / 200:.0f} min of reading"
+        answers = [c for c in nb.cells if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")]
+        concept = [c for c in answers if "CONCEPT_" in c.source]
+        assert (exercises, questions) == (len(answers) - len(concept), len(concept)), module
+
+
 def _points(cells):
     return sum(c.metadata["nbgrader"]["points"] for c in cells)
 
