@@ -1,8 +1,8 @@
 """The course as students and instructors meet it: JupyterLab in a real browser.
 
 `make lab` (the README's main command, headless) serves a fresh copy of course/; Debian's Chromium,
-driven by Playwright for Python, opens module 02, runs its cells up to the ScalingConfig widget,
-moves the workers slider and checks that the kernel-side ScalingConfig follows; then it opens
+driven by Playwright for Python, opens module 02, checks that its diagram is drawn, runs its cells up to the ScalingConfig
+widget, moves the workers slider and checks that the kernel-side ScalingConfig follows; then it opens
 nbgrader's Assignment List and Formgrader panels. Screenshots go to build/browser/.
 
 The test installs what it needs: Chromium with apt-get (when /usr/bin/chromium is missing) and
@@ -230,6 +230,9 @@ def test_scaling_widget_renders_and_drives_the_kernel_side_config(context, lab):
         print(f"notebook open and kernel idle: {t_kernel - t0:.0f} s; cells 0-{index} run "
               f"(Ray started by init_ray) and widget shown: {t_widget - t_kernel:.0f} s")
         assert not WIDGET_ERRORS.search(page.locator("#main").inner_text())
+        # the module's diagram (figures/*.svg beside the notebook) is served and drawn
+        page.wait_for_function("() => { const i = document.querySelector('img[src*=\"ray_train_architecture.svg\"]');"
+                               " return i !== null && i.complete && i.naturalWidth > 0; }", timeout=30_000)
 
         readout = slider.locator(".widget-readout")
         handle = slider.locator(".noUi-handle")

@@ -99,6 +99,26 @@ def test_each_module_states_the_students_time_and_the_machines():
         assert (exercises, questions) == (len(answers) - len(concept), len(concept)), module
 
 
+def test_every_module_shows_its_figures_and_each_is_clean_svg_source():
+    """Each module's diagrams (``figures/*.svg``, kept as SVG source) are shown by its notebook, with a title and a
+    description for screen readers, and draw nothing from outside the file."""
+    import xml.etree.ElementTree as ET
+
+    ns = "{http://www.w3.org/2000/svg}"
+    for module in modules():
+        figures = sorted((REPO / "solutions" / module / "figures").glob("*.svg"))
+        assert figures, f"{module}: no diagram"
+        nb = nbformat.read(REPO / "solutions" / module / f"{module}.ipynb", as_version=4)
+        shown = {t for c in nb.cells if c.cell_type == "markdown" for t in re.findall(r"!\[[^\]]+\]\(([^)]+)\)", c.source)}
+        for svg in figures:
+            assert f"figures/{svg.name}" in shown, f"{module}: {svg.name} is not shown in the notebook"
+            root = ET.parse(svg).getroot()
+            assert root.tag == f"{ns}svg" and root.get("viewBox"), svg.name
+            assert (root.findtext(f"{ns}title") or "").strip() and (root.findtext(f"{ns}desc") or "").strip(), svg.name
+            text = svg.read_text()
+            assert not re.search(r"(href|src)=[\"'](https?:|//)|@import|<script", text), f"{svg.name}: external content"
+
+
 def _points(cells):
     return sum(c.metadata["nbgrader"]["points"] for c in cells)
 
