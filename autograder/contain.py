@@ -63,8 +63,6 @@ from coursekit.proctree import kill_tree, sum_memory, tree
 from coursekit.runtime import own_cgroups
 
 KERNEL = "ray-train-course"
-
-
 TMP_SIZE = 512 * 2**20    # bytes: the kernel's private /tmp (its pages count against the job's memory too)
 
 

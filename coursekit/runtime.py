@@ -135,8 +135,8 @@ def own_cgroups(controller: str, sys_root: Path = Path("/sys/fs/cgroup"),
             base = sys_root if (sys_root / "cgroup.controllers").exists() else sys_root / "unified"
             found.append(Cgroup(base, group, 2))
         elif controller in controllers.split(","):
-            base = next((sys_root / n for n in (controllers, controller, "cpu,cpuacct", "cpuacct,cpu")
-                         if (sys_root / n).is_dir()), sys_root / controller)
+            names = (controllers, controller, *(("cpu,cpuacct", "cpuacct,cpu") if controller == "cpu" else ()))
+            base = next((sys_root / n for n in names if (sys_root / n).is_dir()), sys_root / controller)
             found.append(Cgroup(base, group, 1))
     return found
 
