@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -129,8 +130,10 @@ def test_the_jail_cuts_the_network_hides_folders_and_keeps_only_the_workdir_writ
     assert not (REPO / "PWNED.txt").exists()
     assert seen["cwd"] == str(work.resolve()) and (work / "result.txt").read_text() == "kept"
     assert seen["pids"] <= 3, "the jail has its own process namespace"
-    # its /tmp is new and empty but for the working folder bound back into it (tmp_path lives under /tmp)
-    assert set(seen["tmp"]) <= {"home", work.resolve().parts[2]}, seen["tmp"]
+    # its /tmp is new and empty but for what is bound back into it: the working folder (tmp_path lives under
+    # /tmp) and, where they live under /tmp (a CI clone), the repository and this Python
+    bound = [work.resolve(), *contain._visible_under_tmp([REPO, Path(sys.prefix), Path(sys.base_prefix)])]
+    assert set(seen["tmp"]) <= {"home", *(p.parts[2] for p in bound)}, seen["tmp"]
 
 
 @jail
