@@ -20,10 +20,12 @@ gathered FSDP2/ZeRO-3 units and the allocator's overhead come on top; on a GPU,
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
 from coursekit.memory import KINDS, format_bytes, state_bytes
+from coursekit.widgets import COLOURS, STYLE, Controls, layout, legend, stacked_bar, warning
 
 #: strategy -> a short description (the planner's dropdown and the comparison table use these names)
 STRATEGIES = {
@@ -203,38 +205,43 @@ class StepMeter:
 
 # --- the widget ---------------------------------------------------------------------------
 
-class MemoryPlanner:
-    """Model size, world size, precision, strategy and offload in; predicted bytes per rank out.
+class MemoryPlanner(Controls):
+    """Model size, world size, precision, strategy and offload in; predicted bytes per rank out, drawn as a bar
+    per strategy next to what was measured.
 
     >>> planner = MemoryPlanner(num_params=300e6, world_size=8)
-    >>> planner                 # the controls and the answer, in JupyterLab
+    >>> planner                 # the controls, the answer and the bars, in JupyterLab
     >>> planner.prediction()    # the same answer as a dict (what papermill and tests read)
+    >>> planner.bars()          # the bars drawn now: {strategy: device bytes per rank}
 
-    Without a front end nobody moves the controls: the values passed in are what you get."""
+    ``measured`` (optional) is what :func:`compare` returns for real runs: the planner draws their measured and
+    predicted bytes side by side, beside its own bars. Without a front end nobody moves the controls: the values
+    passed in are what you get."""
 
     def __init__(self, num_params: float = 300e6, world_size: int = 8, precision: str = "mixed",
-                 strategy: str = "zero2", offload: bool = False, budget_gib: float = 24.0):
+                 strategy: str = "zero2", offload: bool = False, budget_gib: float = 24.0, measured=None):
         import ipywidgets as w
 
-        style, layout = {"description_width": "150px"}, w.Layout(width="460px")
+        style, wide = STYLE, layout
         self.millions = w.BoundedFloatText(value=num_params / 1e6, min=0.001, max=1e7, step=1,
-                                           description="parameters (M)", style=style, layout=layout)
+                                           description="parameters (M)", style=style, layout=wide())
         self.world_size = w.IntSlider(value=int(world_size), min=1, max=max(256, int(world_size)),
-                                      description="world size (ranks)", style=style, layout=layout)
+                                      description="world size (ranks)", style=style, layout=wide())
         self.precision = w.Dropdown(options=list(PRECISIONS), value=precision, description="precision",
-                                    style=style, layout=layout)
+                                    style=style, layout=wide())
         self.strategy = w.Dropdown(options=[(f"{k}: {v.split(':')[0]}", k) for k, v in STRATEGIES.items()],
-                                   value=_strategy(strategy), description="strategy", style=style, layout=layout)
+                                   value=_strategy(strategy), description="strategy", style=style, layout=wide())
         self.offload = w.Checkbox(value=bool(offload), description="offload to host memory", style=style,
-                                  layout=layout)
+                                  layout=wide())
         self.budget = w.BoundedFloatText(value=float(budget_gib), min=0.01, max=1e5, step=1,
-                                         description="device memory (GiB)", style=style, layout=layout)
-        self.answer = w.HTML()
-        for control in (self.millions, self.world_size, self.precision, self.strategy, self.offload, self.budget):
-            control.observe(self._refresh, names="value")
-        self.widget = w.VBox([w.HTML("<b>Memory planner</b> &nbsp; model state per rank"), self.millions,
-                              self.world_size, self.precision, self.strategy, self.offload, self.budget,
-                              self.answer])
+                                         description="device memory (GiB)", style=style, layout=wide())
+        self.answer, self.chart = w.HTML(), w.HTML()
+        self.measured = None if measured is None else _measured_bars(measured)
+        self._watch(self.millions, self.world_size, self.precision, self.strategy, self.offload, self.budget)
+        controls = w.VBox([w.HTML("<b>Memory planner</b> &nbsp; model state per rank"), self.millions,
+                           self.world_size, self.precision, self.strategy, self.offload, self.budget])
+        side = [self.chart] + ([w.HTML(self.measured)] if self.measured else [])
+        self.widget = w.VBox([w.HBox([controls, w.VBox(side)]), self.answer])
         self._refresh()
 
     @property
@@ -246,25 +253,31 @@ class MemoryPlanner:
         return predict(self.num_params, self.world_size.value, strategy or self.strategy.value,
                        self.precision.value, self.offload.value)
 
+    def bars(self) -> dict[str, float]:
+        """Device bytes per rank of every strategy for the current controls (the bars drawn)."""
+        out = {}
+        for key in STRATEGIES:
+            with contextlib.suppress(ValueError):            # DDP has no offload
+                out[key] = self.prediction(key)["device"]
+        return out
+
     def table(self):
         """Every strategy for the current model, world size, precision and offload (GiB per rank)."""
         import pandas as pd
 
         rows = []
-        for key in STRATEGIES:
-            try:
-                p = self.prediction(key)
-            except ValueError:            # DDP has no offload
-                continue
+        for key in self.bars():
+            p = self.prediction(key)
             rows.append({"strategy": key, **{k: p[k] / 2**30 for k in (*KINDS, "device", "host")},
                          "fits": p["device"] <= self.budget.value * 2**30})
         return pd.DataFrame(rows).set_index("strategy")
 
     def _refresh(self, _change=None) -> None:
+        self.chart.value = self._chart()
         try:
             p = self.prediction()
         except ValueError as e:
-            self.answer.value = f"<span style='color:#b00020'>&#9888; {e}</span>"
+            self.answer.value = warning(str(e))
             return
         budget = self.budget.value * 2**30
         verdict = ("<span style='color:#1b7a1b'>fits</span>" if p["device"] <= budget
@@ -275,12 +288,119 @@ class MemoryPlanner:
                              f"{verdict} in {self.budget.value:g} GiB (model state only: activations, "
                              "buffers and the CUDA context need room too)")
 
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.widget)
+    def _chart(self) -> str:
+        budget = self.budget.value * 2**30
+        rows, scale = [], max(self.bars().values(), default=0.0) or 1.0
+        for key in self.bars():
+            p = self.prediction(key)
+            mark = "<b>&#9654;</b>" if key == self.strategy.value else "&nbsp;&nbsp;"
+            over = " <span style='color:#b00020'>over</span>" if p["device"] > budget else ""
+            bar = stacked_bar([(k, p[k], COLOURS[k]) for k in KINDS], scale, width_px=220,
+                              label=f"{format_bytes(p['device'])}{over}")
+            rows.append(f"<tr><td>{mark} {key}</td><td>{bar}</td></tr>")
+        return (f"<b>Predicted, per rank</b> ({self.world_size.value} ranks, {self.precision.value}; "
+                f"<span style='color:#b00020'>over</span>: more than {self.budget.value:g} GiB)<table>"
+                f"{''.join(rows)}</table>{legend({k: k for k in KINDS})}")
 
     def __repr__(self) -> str:
         return (f"MemoryPlanner(num_params={self.num_params}, world_size={self.world_size.value}, "
                 f"precision={self.precision.value!r}, strategy={self.strategy.value!r}, "
                 f"offload={self.offload.value})")
+
+
+def _measured_bars(checked) -> str:
+    """Measured next to predicted, one pair of bars per row of :func:`compare`'s table."""
+    import pandas as pd
+
+    df = pd.DataFrame(checked)
+    scale = float(max(df["measured"].max(), df["predicted"].max())) or 1.0
+    rows = []
+    for _, r in df.iterrows():
+        label = f"{r['strategy']} (N={int(r['world_size'])})"
+        rows.append(f"<tr><td rowspan=2>{label}</td><td>"
+                    + stacked_bar([("measured", r["measured"], COLOURS["measured"])], scale, 160,
+                                  f"{format_bytes(r['measured'])} measured")
+                    + "</td></tr><tr><td>"
+                    + stacked_bar([("predicted", r["predicted"], COLOURS["params"])], scale, 160,
+                                  f"{format_bytes(r['predicted'])} predicted")
+                    + "</td></tr>")
+    return f"<b>Measured on this machine</b> (largest rank)<table>{''.join(rows)}</table>"
+
+
+class ZeroPicker(Controls):
+    """Module 06's run, chosen with controls: the ZeRO stage and optimizer offload, with the predicted model state
+    per rank of the run's own model for each stage.
+
+    >>> zero = ZeroPicker(num_params=1_000_000, world_size=2, stage=3, precision="fp32")
+    >>> zero                       # the controls and the prediction
+    >>> zero.stage, zero.offload_optimizer     # what the training run reads
+    ``world_size`` may be an ipywidgets IntSlider (a ScalingConfigPicker's ``num_workers``): the prediction follows
+    it. ``accumulation`` says whether the run accumulates gradients over micro-batches (module 06's does)."""
+
+    def __init__(self, num_params: int, world_size, stage: int = 3, offload_optimizer: bool = False,
+                 precision: str = "fp32", accumulation: bool = True):
+        import ipywidgets as w
+
+        self.num_params, self.precision, self.accumulation = int(num_params), precision, accumulation
+        self.stage_control = w.ToggleButtons(options=[("0 (DDP)", 0), ("1", 1), ("2", 2), ("3", 3)], value=int(stage),
+                                             description="ZeRO stage", style=STYLE)
+        self.offload_control = w.Checkbox(value=bool(offload_optimizer), description="offload_optimizer to the host",
+                                          style=STYLE, layout=layout())
+        follows = isinstance(world_size, w.ValueWidget)
+        self.world_size = w.IntText(value=world_size.value if follows else int(world_size), disabled=follows,
+                                    description="ranks" + (" (the picker's)" if follows else ""), style=STYLE,
+                                    layout=layout())
+        if follows:
+            w.dlink((world_size, "value"), (self.world_size, "value"))
+        self.summary, self.error = w.HTML(), w.HTML()
+        self._watch(self.stage_control, self.offload_control, self.world_size)
+        self.widget = w.VBox([w.HTML(f"<b>DeepSpeed ZeRO</b> &nbsp; {self.num_params:,} parameters, "
+                                     f"{precision}"), self.stage_control, self.offload_control, self.world_size,
+                              self.summary, self.error])
+        self._refresh()
+
+    @property
+    def stage(self) -> int:
+        return int(self.stage_control.value)
+
+    @property
+    def offload_optimizer(self) -> bool:
+        return bool(self.offload_control.value)
+
+    def problem(self) -> str | None:
+        if self.offload_optimizer and self.stage == 0:
+            return "DeepSpeed offloads the optimizer with ZeRO stages 1, 2 and 3 only: choose a stage, or no offload."
+        return None
+
+    def prediction(self, stage: int | None = None, offload: bool | None = None) -> dict[str, float]:
+        """Bytes per rank: ``params``, ``grads``, ``optimizer`` on the device, ``device`` and ``host`` totals."""
+        stage = self.stage if stage is None else stage
+        offload = self.offload_optimizer if offload is None else offload
+        kept = 2 if stage == 1 and not self.accumulation else stage
+        state, host = zero_bytes(self.num_params, max(1, self.world_size.value), kept, self.precision), 0.0
+        if offload and stage:
+            host, state["optimizer"] = state["optimizer"], 0.0
+        return {**state, "device": sum(state[k] for k in KINDS), "host": host}
+
+    def _refresh(self, _change=None) -> None:
+        why = self.problem()
+        self.error.value = warning(why)
+        scale = max(self.prediction(s, False)["device"] for s in range(4)) or 1.0
+        rows = []
+        for s in range(4):
+            p = self.prediction(s, self.offload_optimizer and s > 0)
+            mark = "<b>&#9654;</b>" if s == self.stage else "&nbsp;&nbsp;"
+            parts = [(k, p[k], COLOURS[k]) for k in KINDS] + [("host", p["host"], COLOURS["host"])]
+            host = f" + {format_bytes(p['host'])} on the host" if p["host"] else ""
+            rows.append(f"<tr><td>{mark} stage {s}</td><td>"
+                        f"{stacked_bar(parts, scale, 260, format_bytes(p['device']) + host)}</td></tr>")
+        chosen = "" if why else (f"The run trains with <b>ZeRO-{self.stage}</b>"
+                                 f"{' and the optimizer on the host' if self.offload_optimizer else ''}: "
+                                 f"<b>{format_bytes(self.prediction()['device'])}</b> of model state per rank on the "
+                                 "device.")
+        self.summary.value = (f"<table>{''.join(rows)}</table>"
+                              f"{legend({'parameters': 'params', 'gradients': 'grads', 'optimizer state': 'optimizer', 'on the host': 'host'})}"
+                              f"<br>{chosen}")
+
+    def __repr__(self) -> str:
+        return f"ZeroPicker(stage={self.stage}, offload_optimizer={self.offload_optimizer}, world_size={self.world_size.value})"

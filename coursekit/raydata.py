@@ -13,9 +13,11 @@ training loop. Those are the module's exercises and stay in the notebook.
 from __future__ import annotations
 
 import dataclasses
+import html
 import time
 
 from coursekit.scaling import ScalingError, check_scaling, cluster_resources
+from coursekit.widgets import COLOURS, STYLE, Controls, layout, legend, stacked_bar, warning
 
 # -- sharing the CPUs between Ray Train and Ray Data ------------------------------------
 
@@ -139,3 +141,64 @@ def timed(iterable, warmup: int = 0):
             start = time.perf_counter()
         n += 1
     return n, (time.perf_counter() - start) if start else 0.0
+
+
+# -- the widget: the CPU split, chosen ---------------------------------------------------
+
+class DataSplitPicker(Controls):
+    """Sliders for the CPU split between Ray Train's workers and Ray Data's tasks (module 03).
+
+    >>> split = DataSplitPicker(num_workers=2, cpus_per_worker=0.5, map_num_cpus=0.5, resources={"CPU": 2, "GPU": 0})
+    >>> split            # the sliders, the split drawn as a bar, and the reason when it cannot run
+    >>> split.plan()     # the DataPlan of the current choice (raises ScalingError if it would stall)
+    """
+
+    def __init__(self, num_workers: int, cpus_per_worker: float, use_gpu: bool = False, map_num_cpus: float = 0.5,
+                 object_store_mib: float | None = None, resources: dict | None = None):
+        import ipywidgets as w
+
+        self.resources = resources if resources is not None else cluster_resources()
+        self.use_gpu, self.object_store_mib = bool(use_gpu), object_store_mib
+        cpus = float(self.resources.get("CPU", 0))
+        top = max(cpus, float(cpus_per_worker), float(map_num_cpus), 1.0)
+        self.num_workers = w.IntSlider(value=int(num_workers), min=1, max=max(int(num_workers), int(top // 0.25), 1),
+                                       description="training workers", style=STYLE, layout=layout())
+        self.cpus_per_worker = w.FloatSlider(value=float(cpus_per_worker), min=0.25, max=top, step=0.25,
+                                             description="CPUs per training worker", style=STYLE, layout=layout())
+        self.map_num_cpus = w.FloatSlider(value=float(map_num_cpus), min=0.25, max=top, step=0.25,
+                                          description="CPUs per map_batches task", style=STYLE, layout=layout())
+        self.summary, self.error = w.HTML(), w.HTML()
+        self._watch(self.num_workers, self.cpus_per_worker, self.map_num_cpus)
+        gpus = self.resources.get("GPU", 0)
+        header = w.HTML(f"<b>CPU split</b> &nbsp; cluster: {cpus:g} CPUs, {gpus:g} GPUs")
+        self.widget = w.VBox([header, self.num_workers, self.cpus_per_worker, self.map_num_cpus, self.summary,
+                              self.error])
+        self._refresh()
+
+    def plan(self) -> DataPlan:
+        """The plan of the current choice (raises ScalingError with the reason when it cannot run)."""
+        return plan_resources(self.num_workers.value, self.cpus_per_worker.value, self.use_gpu,
+                              self.map_num_cpus.value, self.object_store_mib, self.resources)
+
+    def problem(self) -> str | None:
+        try:
+            self.plan()
+        except ScalingError as e:
+            return str(e)
+        return None
+
+    def _refresh(self, _change=None) -> None:
+        cpus = float(self.resources.get("CPU", 0))
+        train = self.num_workers.value * self.cpus_per_worker.value
+        data = max(cpus - train, 0.0)
+        bar = stacked_bar([("training", min(train, cpus), COLOURS["train"]), ("Ray Data", data, COLOURS["data"])],
+                          scale=max(cpus, train),
+                          label=f"training {train:g} + Ray Data {data:g} of {cpus:g} CPUs")
+        why = self.problem()
+        text = "" if why else f"<pre style='margin:4px 0'>{html.escape(self.plan().describe())}</pre>"
+        self.summary.value = f"{bar}<br>{legend({'Ray Train workers': 'train', 'Ray Data tasks': 'data'})}{text}"
+        self.error.value = warning(why)
+
+    def __repr__(self) -> str:
+        return (f"DataSplitPicker(num_workers={self.num_workers.value}, cpus_per_worker={self.cpus_per_worker.value}, "
+                f"map_num_cpus={self.map_num_cpus.value})")
