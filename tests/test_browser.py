@@ -2,8 +2,9 @@
 
 `make lab` (the README's main command, headless) serves a fresh copy of course/; Debian's Chromium,
 driven by Playwright for Python, opens module 02, checks that its diagram is drawn, runs its cells up to the ScalingConfig
-widget, moves the workers slider and checks that the kernel-side ScalingConfig follows; then it opens
-nbgrader's Assignment List and Formgrader panels. Screenshots go to build/browser/.
+widget, moves the workers slider and checks that the kernel-side ScalingConfig follows. Then, for modules 03, 04, 06
+and 07, it runs the cells each module's widget needs, moves a control, checks what the widget shows and what the
+kernel reads. Last it opens nbgrader's Assignment List and Formgrader panels. Screenshots go to build/browser/.
 
 The test installs what it needs: Chromium with apt-get (when /usr/bin/chromium is missing) and
 Playwright from tests/browser/requirements.txt into the running venv. It never downloads a browser
@@ -264,6 +265,185 @@ def test_scaling_widget_renders_and_drives_the_kernel_side_config(context, lab):
         print(f"slider {before} -> {after} ({key}); kernel-side ScalingConfig.num_workers == {after}; "
               f"whole test {time.time() - t0:.0f} s")
     page.close()
+
+
+# ------------------------------------------------------------------ the other modules' widgets
+# Each test opens its module in the lab, runs only the cells its widget needs (Shift+Enter on each, as a student
+# would), moves one control, checks what the widget shows, and asks the kernel (in a new cell below the widget)
+# for the value the code after the widget reads.
+
+def _cell_index(notebook: Path, pattern: str) -> int:
+    nb = nbformat.read(notebook, as_version=4)
+    hits = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and re.search(pattern, c.source, re.M)]
+    assert len(hits) == 1, f"{notebook.name}: {len(hits)} code cells match {pattern!r}"
+    return hits[0]
+
+
+class Notebook:
+    """A course notebook open in JupyterLab, its cells run one by one."""
+
+    def __init__(self, context, lab, module: str):
+        self.lab, self.path = lab, lab.course / module / f"{module}.ipynb"
+        self.page = open_lab(context, lab, f"tree/{module}/{module}.ipynb")
+        self.cells = self.page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell")
+        from playwright.sync_api import expect
+
+        expect(self.cells).to_have_count(len(nbformat.read(self.path, as_version=4).cells))
+        expect(self.page.locator("#jp-main-statusbar").get_by_text("Idle")).to_be_visible(timeout=120_000)
+
+    def run(self, *patterns: str, timeout_s: float = 240) -> int:
+        """Run the cells that match ``patterns``, in order; returns the last one's index."""
+        from playwright.sync_api import expect
+
+        indices = [_cell_index(self.path, p) for p in patterns]
+        for i in indices:
+            self.cells.nth(i).locator(".jp-InputPrompt").click()
+            self.page.keyboard.press("Escape")
+            self.page.keyboard.press("Shift+Enter")
+        deadline = time.time() + timeout_s
+        for i in indices:                              # fail at once on an error, not at the timeout
+            while re.search(r"\*", self.cells.nth(i).locator(".jp-InputPrompt").inner_text()):
+                self._no_error(i)
+                assert time.time() < deadline, f"cell {i} still running after {timeout_s} s"
+                self.page.wait_for_timeout(1000)
+            self._no_error(i)
+        assert not WIDGET_ERRORS.search(self.page.locator("#main").inner_text())
+        return indices[-1]
+
+    def _no_error(self, i: int) -> None:
+        text = "\n".join(self.cells.nth(i).locator(".jp-OutputArea-output").all_inner_texts())
+        if "Traceback" in text or re.search(r"^\w*(Error|Exception)\b", text, re.M):
+            self.cells.nth(i).scroll_into_view_if_needed()
+            pytest.fail(f"cell {i} failed:\n{text}")
+
+    def ask(self, below: int, code: str, expected: str, timeout_ms: int = 60_000) -> None:
+        """A new cell under cell ``below`` runs ``code``; its output must contain ``expected``."""
+        from playwright.sync_api import expect
+
+        self.cells.nth(below).locator(".jp-InputPrompt").click()
+        self.page.keyboard.press("Escape")
+        self.page.keyboard.press("b")
+        self.page.keyboard.press("Enter")
+        self.page.keyboard.type(code)
+        self.page.keyboard.press("Shift+Enter")
+        expect(self.cells.nth(below + 1).locator(".jp-OutputArea-output")).to_contain_text(expected,
+                                                                                         timeout=timeout_ms)
+
+    def close(self) -> None:
+        self.page.close()
+        with contextlib.suppress(Exception):            # its kernel (and the kernel's Ray) stop too
+            for kernel in json.loads(self.lab.get("/api/kernels")):
+                self.lab.get(f"/api/kernels/{kernel['id']}", method="DELETE")
+
+
+def _slider(widget, name: str):
+    slider = widget.locator(".widget-slider", has_text=name)
+    return slider, slider.locator(".noUi-handle"), slider.locator(".widget-readout")
+
+
+def test_module_03_cpu_split_refuses_a_stalling_split_and_the_kernel_plans_the_chosen_one(context, lab):
+    from playwright.sync_api import expect
+
+    nb = Notebook(context, lab, "03_ray_data")
+    with screenshot_on_failure(nb.page, "widget-03"):
+        index = nb.run(r"^import contextlib", r"^WORKERS = worker_resources", r"^split = DataSplitPicker\(")
+        widget = nb.cells.nth(index)
+        _, handle, readout = _slider(widget, "CPUs per training worker")
+        error = widget.locator(".widget-html", has_text="wait forever")
+        for _ in range(12):                  # more CPU for training, until nothing is left for Ray Data
+            if error.count():
+                break
+            before = readout.inner_text()
+            handle.focus()
+            nb.page.keyboard.press("ArrowRight")
+            expect(readout).not_to_have_text(before)
+        expect(error).to_be_visible()
+        refused = float(readout.inner_text())
+        shot(nb.page, "widget-03-refused")
+        nb.ask(index, "print('kernel-side:', split.cpus_per_worker.value, 'wait forever' in split.problem())",
+               f"kernel-side: {refused} True")
+        handle.focus()
+        nb.page.keyboard.press("ArrowLeft")  # one step back: it fits again
+        expect(error).to_have_count(0)
+        nb.ask(index + 1, "print('kernel-side plan:', split.plan().cpus_per_worker)",
+               f"kernel-side plan: {refused - 0.25}")
+        shot(nb.page, "widget-03")
+    nb.close()
+
+
+def test_module_04_fault_controls_predict_the_run_and_feed_its_run_config(context, lab):
+    from playwright.sync_api import expect
+
+    nb = Notebook(context, lab, "04_fault_tolerance")
+    with screenshot_on_failure(nb.page, "widget-04"):
+        index = nb.run(r"^import copy", r"^WORKERS = worker_resources", r"^FAULTS = FaultToleranceControls\(")
+        widget = nb.cells.nth(index)
+        summary = widget.locator(".widget-html", has_text="The run")
+        expect(summary).to_contain_text("finishes")
+        _, handle, readout = _slider(widget, "max_failures")
+        handle.focus()
+        nb.page.keyboard.press("ArrowLeft")       # 2 -> 1: two faults, one allowed
+        expect(readout).to_have_text("1")
+        expect(summary).to_contain_text("fails at failure 2 of 2")
+        widget.locator(".widget-dropdown", has_text="checkpoint score").locator("select").select_option("accuracy")
+        expect(summary).to_contain_text("highest accuracy")
+        shot(nb.page, "widget-04")
+        nb.ask(index, "print('kernel-side:', FAULTS.run_config_args(), FAULTS.expected()['finishes'])",
+               "kernel-side: {'max_retries': 1, 'keep': 4, 'metric': 'accuracy'} False")
+    nb.close()
+
+
+def test_module_06_zero_stage_shows_its_memory_and_the_run_config_reads_it(context, lab):
+    from playwright.sync_api import expect
+
+    nb = Notebook(context, lab, "06_deepspeed")
+    with screenshot_on_failure(nb.page, "widget-06"):
+        index = nb.run(r"^import contextlib", r"^WORKERS = worker_resources", r"^from coursekit.distributed import "
+                       r"deepspeed_pytorch_ops_only", r"^def build_vit_from", r"^if RUN_TRAINING and not rt.local_mode",
+                       r"^zero = ZeroPicker\(", timeout_s=300)
+        widget = nb.cells.nth(index)
+        summary = widget.locator(".widget-html", has_text="The run trains with")
+        expect(summary).to_contain_text("ZeRO-3")
+        widget.locator(".widget-toggle-buttons button", has_text=re.compile(r"^2$")).click()
+        expect(summary).to_contain_text("ZeRO-2")
+        widget.locator(".widget-checkbox", has_text="offload_optimizer").locator("input").check()
+        expect(summary).to_contain_text("the optimizer on the host")
+        shot(nb.page, "widget-06")
+        config_cell = nb.run(r"^scaling_config = picker.scaling_config\(\)")   # the cell that builds the config
+        nb.ask(config_cell, "print('kernel-side:', config['stage'], config['offload_optimizer'])",
+               "kernel-side: 2 True")
+    nb.close()
+
+
+def test_module_07_planner_draws_bars_beside_the_measurement_and_follows_the_world_size(context, lab):
+    from playwright.sync_api import expect
+
+    from coursekit.memory import format_bytes
+    from coursekit.planner import predict
+
+    nb = Notebook(context, lab, "07_scaling_up")
+    with screenshot_on_failure(nb.page, "widget-07"):
+        setup = nb.run(r"^import difflib", r"^WORKERS = worker_resources")
+        # the measured runs take minutes: the test gives the planner a measurement of its own (one DDP rank)
+        nb.ask(setup, "planner_check = compare([{'strategy': 'ddp', 'world_size': 2, 'params': 4000, 'grads': 4000, "
+                      "'optimizer': 8000}], 1000); print('measured:', len(planner_check))", "measured: 1")
+        index = nb.run(r"^# the bars on the right|^planner = MemoryPlanner\(")
+        widget = nb.cells.nth(index)
+        expect(widget).to_contain_text("Measured on this machine")
+        expect(widget).to_contain_text("ddp (N=2)")
+        chart = widget.locator(".widget-html", has_text="Predicted, per rank")
+        expect(chart).to_contain_text("8 ranks")
+        _, handle, readout = _slider(widget, "world size")
+        handle.focus()
+        nb.page.keyboard.press("ArrowRight")
+        expect(readout).to_have_text("9")
+        zero3 = predict(300e6, 9, "zero3", "mixed")["device"]
+        expect(chart).to_contain_text("9 ranks")
+        expect(chart).to_contain_text(format_bytes(zero3))
+        shot(nb.page, "widget-07")
+        nb.ask(index, "print('kernel-side:', planner.world_size.value, round(planner.bars()['zero3']))",
+               f"kernel-side: 9 {round(zero3)}")
+    nb.close()
 
 
 def _menu(page, menu: str, item: str) -> None:
