@@ -283,19 +283,20 @@ class Notebook:
     """A course notebook open in JupyterLab, its cells run one by one."""
 
     def __init__(self, context, lab, module: str):
-        self.lab, self.path = lab, lab.course / module / f"{module}.ipynb"
-        self.page = open_lab(context, lab, f"tree/{module}/{module}.ipynb")
+        self.lab, self.path, self.added = lab, lab.course / module / f"{module}.ipynb", []
+        # a workspace of its own: only this notebook is open (the lab's default workspace reopens the last ones)
+        self.page = open_lab(context, lab, f"workspaces/{module.replace('_', '-')}/tree/{module}/{module}.ipynb")
         self.cells = self.page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell")
         from playwright.sync_api import expect
 
-        expect(self.cells).to_have_count(len(nbformat.read(self.path, as_version=4).cells))
+        expect(self.cells).to_have_count(len(nbformat.read(self.path, as_version=4).cells), timeout=60_000)
         expect(self.page.locator("#jp-main-statusbar").get_by_text("Idle")).to_be_visible(timeout=120_000)
 
     def run(self, *patterns: str, timeout_s: float = 240) -> int:
         """Run the cells that match ``patterns``, in order; returns the last one's index."""
         from playwright.sync_api import expect
 
-        indices = [_cell_index(self.path, p) for p in patterns]
+        indices = [self._in_dom(_cell_index(self.path, p)) for p in patterns]
         for i in indices:
             self.cells.nth(i).locator(".jp-InputPrompt").click()
             self.page.keyboard.press("Escape")
@@ -309,6 +310,12 @@ class Notebook:
             self._no_error(i)
         assert not WIDGET_ERRORS.search(self.page.locator("#main").inner_text())
         return indices[-1]
+
+    def _in_dom(self, index: int) -> int:
+        """A cell's index in the page: the notebook's, moved down by the cells ``ask`` added above it."""
+        for added in sorted(self.added):
+            index += added <= index
+        return index
 
     def _no_error(self, i: int) -> None:
         text = "\n".join(self.cells.nth(i).locator(".jp-OutputArea-output").all_inner_texts())
@@ -326,6 +333,7 @@ class Notebook:
         self.page.keyboard.press("Enter")
         self.page.keyboard.type(code)
         self.page.keyboard.press("Shift+Enter")
+        self.added.append(below + 1)
         expect(self.cells.nth(below + 1).locator(".jp-OutputArea-output")).to_contain_text(expected,
                                                                                          timeout=timeout_ms)
 
@@ -349,6 +357,7 @@ def test_module_03_cpu_split_refuses_a_stalling_split_and_the_kernel_plans_the_c
         index = nb.run(r"^import contextlib", r"^WORKERS = worker_resources", r"^split = DataSplitPicker\(")
         widget = nb.cells.nth(index)
         _, handle, readout = _slider(widget, "CPUs per training worker")
+        workers = int(_slider(widget, "training workers")[2].inner_text())
         error = widget.locator(".widget-html", has_text="wait forever")
         for _ in range(12):                  # more CPU for training, until nothing is left for Ray Data
             if error.count():
@@ -357,6 +366,8 @@ def test_module_03_cpu_split_refuses_a_stalling_split_and_the_kernel_plans_the_c
             handle.focus()
             nb.page.keyboard.press("ArrowRight")
             expect(readout).not_to_have_text(before)
+            # the bar is redrawn by the kernel: it has seen the new value
+            expect(widget).to_contain_text(f"training {workers * float(readout.inner_text()):g} + Ray Data")
         expect(error).to_be_visible()
         refused = float(readout.inner_text())
         shot(nb.page, "widget-03-refused")
