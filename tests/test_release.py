@@ -138,6 +138,75 @@ def test_points_go_mostly_to_code_and_each_module_asks_concept_questions():
         assert _points(code) > _points(concept), f"{module}: {_points(code)} code vs {_points(concept)} concept points"
 
 
+# ------------------------------------------------------------- a light main path (issue 20)
+#
+# Each module ends with what a student must leave with (3-4 takeaways) and the official documentation of the
+# APIs it introduced; internals that interrupt the story sit in collapsible "Under the hood" blocks, which
+# JupyterLab renders as markdown only with a blank line after the <summary> and before </details>.
+DOC_HOSTS = {"docs.pytorch.org", "docs.ray.io", "deepspeed.readthedocs.io", "www.deepspeed.ai", "docs.anyscale.com"}
+DOC_GITHUB = ("/ray-project/kuberay",)
+MARKDOWN_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _section(text: str, heading: str) -> str:
+    """The lines under `heading` up to the next heading (any level) or the bold "Next" line."""
+    lines = text.splitlines()
+    assert heading in lines, f"no '{heading}' heading"
+    body = []
+    for line in lines[lines.index(heading) + 1:]:
+        if line.startswith("#") or line.startswith("**Next"):
+            break
+        body.append(line)
+    return "\n".join(body)
+
+
+def _is_documentation_url(url: str) -> bool:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme != "https":
+        return False
+    if parts.netloc == "github.com":
+        return parts.path.startswith(DOC_GITHUB)
+    return parts.netloc in DOC_HOSTS
+
+
+@pytest.mark.parametrize("module", modules())
+def test_each_module_ends_with_takeaways_and_its_documentation(module):
+    """The module's last markdown cell has a "### Takeaways" list of 3 or 4 bullets and a "### Documentation"
+    list whose every link is an https link to official documentation (PyTorch, Ray, DeepSpeed, Anyscale,
+    KubeRay)."""
+    nb = nbformat.read(REPO / "solutions" / module / f"{module}.ipynb", as_version=4)
+    last = [c for c in nb.cells if c.cell_type == "markdown"][-1].source
+    takeaways = [line for line in _section(last, "### Takeaways").splitlines() if line.startswith("- ")]
+    assert 3 <= len(takeaways) <= 4, f"{module}: {len(takeaways)} takeaways"
+    docs = [line for line in _section(last, "### Documentation").splitlines() if line.startswith("- ")]
+    assert docs, f"{module}: an empty Documentation list"
+    for line in docs:
+        urls = MARKDOWN_LINK.findall(line)
+        assert urls, f"{module}: a Documentation line without a link: {line}"
+        for url in urls:
+            assert _is_documentation_url(url), f"{module}: not an official documentation link: {url}"
+
+
+@pytest.mark.parametrize("module", modules())
+def test_each_module_folds_its_internals_into_closed_under_the_hood_blocks(module):
+    """At least one "Under the hood" block per module; in every markdown cell each <details> is closed, and
+    the folded markdown is set off by blank lines so that JupyterLab renders it."""
+    nb = nbformat.read(REPO / "solutions" / module / f"{module}.ipynb", as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "markdown"]
+    assert any("<details><summary><b>Under the hood</b>" in c.source for c in cells), f"{module}: no Under the hood"
+    for c in cells:
+        text = c.source
+        assert text.count("<details>") == text.count("</details>"), f"{module}/{c.id}: an unclosed <details>"
+        assert text.count("<summary>") == text.count("</summary>") == text.count("<details>"), f"{module}/{c.id}"
+        for match in re.finditer(r"</summary>", text):
+            assert text[match.end():match.end() + 2] == "\n\n", f"{module}/{c.id}: no blank line after </summary>"
+        for match in re.finditer(r"</details>", text):
+            assert text[:match.start()].endswith("\n\n"), f"{module}/{c.id}: no blank line before </details>"
+        assert not re.search(r"<details>(?:(?!</details>).)*<details>", text, re.DOTALL), f"{module}/{c.id}: nested"
+
+
 # ------------------------------------------------------------- what the notebooks name is released
 #
 # Which text counts as a path (the rule of `named_paths`), in the markdown and code cells of every released
