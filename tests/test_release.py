@@ -333,3 +333,18 @@ def test_the_release_installs_no_instructor_commands(student_release):
     assert "scripts" in ours["project"] and "scripts" not in released["project"]
     assert {k: v for k, v in ours["project"].items() if k != "scripts"} == released["project"]
     assert released["tool"] == ours["tool"]
+
+
+def test_folded_code_cells_are_announced_to_the_student():
+    """Harness cells (the checks' and measurements' tools) are folded in JupyterLab (``source_hidden``); the cell
+    before each says so, so nobody runs code they cannot see without knowing it is there."""
+    folded = 0
+    for module in modules():
+        nb = nbformat.read(REPO / "solutions" / module / f"{module}.ipynb", as_version=4)
+        for i, cell in enumerate(nb.cells):
+            if cell.metadata.get("jupyter", {}).get("source_hidden"):
+                folded += 1
+                assert cell.cell_type == "code" and not cell.metadata.get("nbgrader", {}).get("solution"), (
+                    f"{module} cell {i}: only harness code is folded, never an exercise")
+                assert "is folded below" in nb.cells[i - 1].source, f"{module} cell {i} is folded without a word"
+    assert folded >= 6
