@@ -97,8 +97,8 @@ def test_notebook_runs_and_learns_within_binders_memory(notebook, tmp_path):
 @pytest.mark.parametrize("notebook", [nb for nb in NOTEBOOKS if nb.parent.name != "01_ddp_pytorch"],
                          ids=lambda p: p.parent.name)   # module 01 starts no Ray: its Binder run is its laptop run
 def test_notebook_runs_and_learns_on_a_laptop_with_ray(notebook, tmp_path):
-    """The path of a laptop with memory to spare and of a cluster: a local Ray, Ray Train's worker groups, the
-    driver that dies and the rerun, Tune's trials."""
+    """The path of a laptop with memory to spare and of a cluster: a local Ray, Ray Train's worker groups, a 2-node
+    cluster of its own losing a node under an elastic run, the driver that dies and the rerun, Tune's trials."""
     env = {"COURSE_SIZE": "cpu", "COURSE_PLATFORM": "local", "COURSE_LOCAL_MODE": "0"}
     result = execute(notebook, tmp_path / notebook.name, env=env, timeout_s=STALL_S)
     save(f"{notebook.parent.name}-laptop", {k: v for k, v in result.items() if k != "log_tail"})
@@ -107,3 +107,5 @@ def test_notebook_runs_and_learns_on_a_laptop_with_ray(notebook, tmp_path):
     check_learning(result)
     if notebook.parent.name == "04_fault_tolerance":   # the sections Binder cannot run ran here
         assert "tune_best_accuracy" in result["record"], "the Tune search ran"
+        sizes = result["record"]["elastic_world_sizes"]       # the elastic run lost its worker node after epoch 1
+        assert sizes[:2] == [2, 2] and set(sizes[2:]) == {1}, sizes
