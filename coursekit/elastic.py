@@ -44,10 +44,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 
 from coursekit.distributed import free_port
 from coursekit.faults import registered_epochs
+from coursekit.proctree import kill_named
 
 # How long a new worker group may wait for its placement group before Ray Train tries another size. Ray's default
 # is 60 s and the course's local Ray uses 300 s (coursekit.raysetup.RAY_ENV: trials that wait for each other's
@@ -357,7 +357,7 @@ class LocalCluster:
                 ray._private.services.find_gcs_addresses.cache_clear()
             self._cluster = None
         if self._temp_dir:
-            _kill_leftovers(self._temp_dir)
+            kill_named([self._temp_dir])
             shutil.rmtree(self._temp_dir, ignore_errors=True)
         _restore_env(self._saved_env)
         self._saved_env = {}
@@ -379,20 +379,3 @@ def _restore_env(saved: dict[str, str | None]) -> None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
-
-
-def _kill_leftovers(temp_dir: str) -> int:
-    """SIGKILL processes of our nodes that outlived them (their command line names our temp dir)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            cmd = " ".join(proc.info["cmdline"] or [])
-        except psutil.Error:
-            continue
-        if proc.pid != os.getpid() and temp_dir in cmd:
-            found.append(proc)
-    for proc in found:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(found, timeout=10)
-    return len(found)

@@ -222,19 +222,18 @@ class MemoryPlanner(Controls):
                  strategy: str = "zero2", offload: bool = False, budget_gib: float = 24.0, measured=None):
         import ipywidgets as w
 
-        style, wide = STYLE, layout
         self.millions = w.BoundedFloatText(value=num_params / 1e6, min=0.001, max=1e7, step=1,
-                                           description="parameters (M)", style=style, layout=wide())
+                                           description="parameters (M)", style=STYLE, layout=layout())
         self.world_size = w.IntSlider(value=int(world_size), min=1, max=max(256, int(world_size)),
-                                      description="world size (ranks)", style=style, layout=wide())
+                                      description="world size (ranks)", style=STYLE, layout=layout())
         self.precision = w.Dropdown(options=list(PRECISIONS), value=precision, description="precision",
-                                    style=style, layout=wide())
+                                    style=STYLE, layout=layout())
         self.strategy = w.Dropdown(options=[(f"{k}: {v.split(':')[0]}", k) for k, v in STRATEGIES.items()],
-                                   value=_strategy(strategy), description="strategy", style=style, layout=wide())
-        self.offload = w.Checkbox(value=bool(offload), description="offload to host memory", style=style,
-                                  layout=wide())
+                                   value=_strategy(strategy), description="strategy", style=STYLE, layout=layout())
+        self.offload = w.Checkbox(value=bool(offload), description="offload to host memory", style=STYLE,
+                                  layout=layout())
         self.budget = w.BoundedFloatText(value=float(budget_gib), min=0.01, max=1e5, step=1,
-                                         description="device memory (GiB)", style=style, layout=wide())
+                                         description="device memory (GiB)", style=STYLE, layout=layout())
         self.answer, self.chart = w.HTML(), w.HTML()
         self.measured = None if measured is None else _measured_bars(measured)
         self._watch(self.millions, self.world_size, self.precision, self.strategy, self.offload, self.budget)
@@ -289,9 +288,9 @@ class MemoryPlanner(Controls):
                              "buffers and the CUDA context need room too)")
 
     def _chart(self) -> str:
-        budget = self.budget.value * 2**30
-        rows, scale = [], max(self.bars().values(), default=0.0) or 1.0
-        for key in self.bars():
+        budget, bars = self.budget.value * 2**30, self.bars()
+        rows, scale = [], max(bars.values(), default=0.0) or 1.0
+        for key in bars:
             p = self.prediction(key)
             mark = "<b>&#9654;</b>" if key == self.strategy.value else "&nbsp;&nbsp;"
             over = " <span style='color:#b00020'>over</span>" if p["device"] > budget else ""

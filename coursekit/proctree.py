@@ -14,6 +14,7 @@ Every function tolerates processes that end while it looks at them.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -192,3 +193,22 @@ def kill_tree(root: int | psutil.Process, sig: int = signal.SIGKILL, timeout: fl
         time.sleep(0.02)
         alive = [p for p in alive if not _gone(p)]
     return alive
+
+
+def kill_named(fragments: list[str], timeout: float = 10.0) -> int:
+    """SIGKILL every process (but this one) whose command line contains one of ``fragments``, such as the private
+    temp dir of a Ray node: Ray's worker processes run in process groups of their own, so they can outlive the
+    node that started them. Returns how many were killed."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if proc.pid != os.getpid() and any(f in cmd for f in fragments):
+            found.append(proc)
+    for proc in found:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(found, timeout=timeout)
+    return len(found)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from coursekit.runtime import Runtime, detect
+from coursekit.widgets import Controls, warning
 
 
 class ScalingError(ValueError):
@@ -166,7 +167,7 @@ def make_scaling_config(num_workers: int, use_gpu: bool, cpus_per_worker: float 
                          resources_per_worker=per_worker, placement_strategy=placement_strategy)
 
 
-class ScalingConfigPicker:
+class ScalingConfigPicker(Controls):
     """Sliders for a ScalingConfig, bounded by what the cluster has.
 
     >>> picker = ScalingConfigPicker(num_workers=2, use_gpu=False, global_batch_size=64)
@@ -240,13 +241,7 @@ class ScalingConfigPicker:
         device = "GPU" if self.use_gpu.value else "CPU"
         self.summary.value = (f"{n} {device} worker{'s' if n > 1 else ''}; per-worker batch = "
                               f"{g} // {n} = <b>{g // n}</b>")
-        why = self.problem()
-        self.error.value = "" if why is None else f"<span style='color:#b00020'>&#9888; {why}</span>"
-
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.widget)
+        self.error.value = warning(self.problem())
 
     def __repr__(self) -> str:
         return (f"ScalingConfigPicker(num_workers={self.num_workers.value}, use_gpu={self.use_gpu.value}, "

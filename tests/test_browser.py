@@ -183,94 +183,7 @@ def open_lab(context, lab, path: str = ""):
     return page
 
 
-# ------------------------------------------------------------------ the tests
-
-def _widget_cell(notebook: Path) -> tuple[int, str]:
-    """Index of the cell that creates the ScalingConfigPicker, and the variable it is bound to."""
-    nb = nbformat.read(notebook, as_version=4)
-    for i, cell in enumerate(nb.cells):
-        m = re.search(r"^(\w+)\s*=\s*ScalingConfigPicker\(", cell.source, re.M)
-        if cell.cell_type == "code" and m:
-            return i, m.group(1)
-    raise AssertionError(f"{notebook.name} has no `x = ScalingConfigPicker(...)` cell")
-
-
-def test_scaling_widget_renders_and_drives_the_kernel_side_config(context, lab):
-    from playwright.sync_api import expect
-
-    notebook = lab.course / MODULE / f"{MODULE}.ipynb"
-    index, picker = _widget_cell(notebook)
-    n_cells = len(nbformat.read(notebook, as_version=4).cells)
-    t0 = time.time()
-    page = open_lab(context, lab, f"tree/{MODULE}/{MODULE}.ipynb")
-    with screenshot_on_failure(page, "widget"):
-        cells = page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell")
-        expect(cells).to_have_count(n_cells)
-        expect(page.locator("#jp-main-statusbar").get_by_text("Idle")).to_be_visible(timeout=120_000)
-        t_kernel = time.time()
-
-        # Run the cells from the top to the widget cell, as a student would (Shift+Enter each).
-        cells.nth(0).locator(".jp-InputPrompt").click()   # selects the first cell, in command mode
-        page.keyboard.press("Escape")
-        for _ in range(index + 1):
-            page.keyboard.press("Shift+Enter")
-        widget = cells.nth(index)
-        slider = widget.locator(".widget-slider", has_text="num_workers")
-        deadline = time.time() + 240
-        while not slider.is_visible():            # fail at once on an error, not at the timeout
-            for i in range(index + 1):
-                text = "\n".join(cells.nth(i).locator(".jp-OutputArea-output").all_inner_texts())
-                if "Traceback" in text:
-                    cells.nth(i).scroll_into_view_if_needed()     # for the failure screenshot
-                    pytest.fail(f"cell {i} failed:\n{text}")
-            assert not WIDGET_ERRORS.search(widget.inner_text()), f"the widget did not render:\n{widget.inner_text()}"
-            assert time.time() < deadline, f"no num_workers slider after 240 s:\n{widget.inner_text()}"
-            page.wait_for_timeout(1000)
-        expect(widget.locator(".jp-InputPrompt")).not_to_have_text(re.compile(r"\*"), timeout=60_000)
-        t_widget = time.time()
-        print(f"notebook open and kernel idle: {t_kernel - t0:.0f} s; cells 0-{index} run "
-              f"(Ray started by init_ray) and widget shown: {t_widget - t_kernel:.0f} s")
-        assert not WIDGET_ERRORS.search(page.locator("#main").inner_text())
-        # the module's diagram (figures/*.svg beside the notebook) is served and drawn
-        page.wait_for_function("() => { const i = document.querySelector('img[src*=\"ray_train_architecture.svg\"]');"
-                               " return i !== null && i.complete && i.naturalWidth > 0; }", timeout=30_000)
-
-        readout = slider.locator(".widget-readout")
-        handle = slider.locator(".noUi-handle")
-        before = int(readout.inner_text())
-        top = float(handle.get_attribute("aria-valuemax"))
-        key, after = ("ArrowRight", before + 1) if before < top else ("ArrowLeft", before - 1)
-        widget.scroll_into_view_if_needed()
-        shot(page, "widget-before")
-
-        handle.focus()
-        page.keyboard.press(key)
-        expect(readout).to_have_text(str(after))
-        # the summary line is written by the kernel (the picker observes the slider): it saw the change
-        expect(widget.locator(".widget-html", has_text="worker")).to_contain_text(
-            re.compile(rf"\b{after} (CPU|GPU) workers?\b"))
-
-        # A new cell below the widget asks the kernel for the ScalingConfig the notebook will train with.
-        widget.locator(".jp-InputPrompt").click()
-        page.keyboard.press("Escape")
-        page.keyboard.press("b")
-        page.keyboard.press("Enter")
-        page.keyboard.type(f"print('kernel-side num_workers:', {picker}.scaling_config().num_workers)")
-        page.keyboard.press("Shift+Enter")
-        printed = cells.nth(index + 1).locator(".jp-OutputArea-output")
-        expect(printed).to_contain_text(f"kernel-side num_workers: {after}", timeout=60_000)
-        assert not WIDGET_ERRORS.search(page.locator("#main").inner_text())
-        widget.scroll_into_view_if_needed()
-        shot(page, "widget-after")
-        print(f"slider {before} -> {after} ({key}); kernel-side ScalingConfig.num_workers == {after}; "
-              f"whole test {time.time() - t0:.0f} s")
-    page.close()
-
-
-# ------------------------------------------------------------------ the other modules' widgets
-# Each test opens its module in the lab, runs only the cells its widget needs (Shift+Enter on each, as a student
-# would), moves one control, checks what the widget shows, and asks the kernel (in a new cell below the widget)
-# for the value the code after the widget reads.
+# ------------------------------------------------------------------ a notebook in the lab
 
 def _cell_index(notebook: Path, pattern: str) -> int:
     nb = nbformat.read(notebook, as_version=4)
@@ -294,9 +207,11 @@ class Notebook:
 
     def run(self, *patterns: str, timeout_s: float = 240) -> int:
         """Run the cells that match ``patterns``, in order; returns the last one's index."""
-        from playwright.sync_api import expect
+        return self.run_cells([_cell_index(self.path, p) for p in patterns], timeout_s)
 
-        indices = [self._in_dom(_cell_index(self.path, p)) for p in patterns]
+    def run_cells(self, indices: list[int], timeout_s: float = 240) -> int:
+        """Run the cells of these (notebook) indices, in order; returns the last one's index in the page."""
+        indices = [self._in_dom(i) for i in indices]
         for i in indices:
             self.cells.nth(i).locator(".jp-InputPrompt").click()
             self.page.keyboard.press("Escape")
@@ -348,6 +263,70 @@ def _slider(widget, name: str):
     slider = widget.locator(".widget-slider", has_text=name)
     return slider, slider.locator(".noUi-handle"), slider.locator(".widget-readout")
 
+
+# ------------------------------------------------------------------ the tests
+
+def _widget_cell(notebook: Path) -> tuple[int, str]:
+    """Index of the cell that creates the ScalingConfigPicker, and the variable it is bound to."""
+    nb = nbformat.read(notebook, as_version=4)
+    for i, cell in enumerate(nb.cells):
+        m = re.search(r"^(\w+)\s*=\s*ScalingConfigPicker\(", cell.source, re.M)
+        if cell.cell_type == "code" and m:
+            return i, m.group(1)
+    raise AssertionError(f"{notebook.name} has no `x = ScalingConfigPicker(...)` cell")
+
+
+def test_scaling_widget_renders_and_drives_the_kernel_side_config(context, lab):
+    from playwright.sync_api import expect
+
+    t0 = time.time()
+    nb = Notebook(context, lab, MODULE)
+    index, picker = _widget_cell(nb.path)
+    with screenshot_on_failure(nb.page, "widget"):
+        t_kernel = time.time()
+        # Run the code cells from the top to the widget cell, as a student would (Shift+Enter each).
+        code = [i for i, c in enumerate(nbformat.read(nb.path, as_version=4).cells[:index + 1]) if c.cell_type == "code"]
+        nb.run_cells(code)
+        widget = nb.cells.nth(index)
+        slider = widget.locator(".widget-slider", has_text="num_workers")
+        expect(slider).to_be_visible()
+        t_widget = time.time()
+        print(f"notebook open and kernel idle: {t_kernel - t0:.0f} s; cells 0-{index} run "
+              f"(Ray started by init_ray) and widget shown: {t_widget - t_kernel:.0f} s")
+        # the module's diagram (figures/*.svg beside the notebook) is served and drawn
+        nb.page.wait_for_function("() => { const i = document.querySelector('img[src*=\"ray_train_architecture.svg\"]');"
+                                  " return i !== null && i.complete && i.naturalWidth > 0; }", timeout=30_000)
+
+        readout = slider.locator(".widget-readout")
+        handle = slider.locator(".noUi-handle")
+        before = int(readout.inner_text())
+        top = float(handle.get_attribute("aria-valuemax"))
+        key, after = ("ArrowRight", before + 1) if before < top else ("ArrowLeft", before - 1)
+        widget.scroll_into_view_if_needed()
+        shot(nb.page, "widget-before")
+
+        handle.focus()
+        nb.page.keyboard.press(key)
+        expect(readout).to_have_text(str(after))
+        # the summary line is written by the kernel (the picker observes the slider): it saw the change
+        expect(widget.locator(".widget-html", has_text="worker")).to_contain_text(
+            re.compile(rf"\b{after} (CPU|GPU) workers?\b"))
+
+        # A new cell below the widget asks the kernel for the ScalingConfig the notebook will train with.
+        nb.ask(index, f"print('kernel-side num_workers:', {picker}.scaling_config().num_workers)",
+               f"kernel-side num_workers: {after}")
+        assert not WIDGET_ERRORS.search(nb.page.locator("#main").inner_text())
+        widget.scroll_into_view_if_needed()
+        shot(nb.page, "widget-after")
+        print(f"slider {before} -> {after} ({key}); kernel-side ScalingConfig.num_workers == {after}; "
+              f"whole test {time.time() - t0:.0f} s")
+    nb.close()
+
+
+# ------------------------------------------------------------------ the other modules' widgets
+# Each test opens its module in the lab, runs only the cells its widget needs (Shift+Enter on each, as a student
+# would), moves one control, checks what the widget shows, and asks the kernel (in a new cell below the widget)
+# for the value the code after the widget reads.
 
 def test_module_03_cpu_split_refuses_a_stalling_split_and_the_kernel_plans_the_chosen_one(context, lab):
     from playwright.sync_api import expect

@@ -24,11 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from helpers import PY, REPO
-from coursekit.proctree import kill_tree
+from coursekit.proctree import kill_named, kill_tree
 from coursekit.distributed import free_port
 
 SCRIPT_DIR = REPO / "solutions" / "02_ray_train"
@@ -50,26 +49,6 @@ while True:
     time.sleep(1)
 print("NODES", json.dumps([{"id": n["NodeID"], "cpus": n["Resources"].get("CPU", 0)} for n in alive]))
 """
-
-
-def _kill_leftovers(temp_dirs: list[str]) -> int:
-    """SIGKILL Ray processes of our nodes that outlived them: their command line names one of
-    our temp dirs (Ray's worker processes run in process groups of their own)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            cmd = " ".join(proc.info["cmdline"] or [])
-        except psutil.Error:
-            continue
-        if proc.pid != os.getpid() and any(d in cmd for d in temp_dirs):
-            found.append(proc)
-    for proc in found:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(found, timeout=10)
-    return len(found)
 
 
 def _stop_node(node: subprocess.Popen) -> None:
@@ -130,7 +109,7 @@ def local_cluster(tmp_path, head_resources: list[str], worker_resources: list[st
             # On a busy 2-core machine a raylet can die at start-up (its dashboard agent gets a
             # hard-coded 15 s, ray-project/ray#65983): stop what is left and start it again.
             _stop_node(node)
-            _kill_leftovers([temp_dir])
+            kill_named([temp_dir])
         fail(f"the {what} node did not start ({START_ATTEMPTS} attempts)")
 
     try:
@@ -150,7 +129,7 @@ def local_cluster(tmp_path, head_resources: list[str], worker_resources: list[st
     finally:
         for node in reversed(nodes):  # the worker node first, then the head
             _stop_node(node)
-        print(f"two-node cluster stopped ({_kill_leftovers(temp_dirs)} stray processes killed)")
+        print(f"two-node cluster stopped ({kill_named(temp_dirs)} stray processes killed)")
         for d in temp_dirs:
             shutil.rmtree(d, ignore_errors=True)
 

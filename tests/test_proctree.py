@@ -114,3 +114,20 @@ def test_kill_tree_of_a_gone_process_does_not_raise():
     assert kill_tree(proc.pid) == []
     assert kill_tree(ps, signal.SIGTERM, group=True) == []
     assert tree(proc.pid) == [] and tree_pss(proc.pid) == 0
+
+
+def test_kill_named_kills_only_the_processes_whose_command_line_names_the_fragment(tmp_path):
+    from coursekit.proctree import kill_named
+
+    marker = str(tmp_path / "node-temp-dir")
+    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker], start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert kill_named([marker]) == 1
+        ours.wait(timeout=10)                   # (kill_named reaped it: Popen sees it gone)
+        assert not psutil.pid_exists(ours.pid)
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+        ours.kill()
