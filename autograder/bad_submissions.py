@@ -45,14 +45,19 @@ def snoop_code(out: Path, submissions: Path, port: int | None = None) -> str:
     probes = {"solutions": SOLUTIONS / MODULE / f"{MODULE}.ipynb",
               "gradebook": Path(out) / "nbgrader" / "gradebook.db",
               "submissions": Path(submissions) / "good",
-              "scratch_source": "../../../root/solutions",
-              "scratch_gradebook": "../../../root/gradebook.db"}
+              "scratch_source": "../../../root/released",
+              "scratch_gradebook": "../../../root/gradebook.db",
+              # the release's later modules (module 07's scripts hold the answers of 01, 05 and 06) and the tests
+              "release": REPO / "course" / "07_scaling_up",
+              "tests": REPO / "tests"}
     targets = [SOLUTIONS / "PWNED.txt", Path(out) / "PWNED.txt", REPO / "PWNED.txt",
                Path(submissions) / "good" / "PWNED.txt"]
     return "\n".join([
         "import os",
         f"for name, path in {json.dumps({k: str(v) for k, v in probes.items()})}.items():",
         "    print('SNOOP-' + 'SEES', name, os.path.exists(path))",
+        # module 01's script beside the notebook: the release's, its answers stubbed
+        "print('SNOOP-' + 'STUBS', 'raise NotImplementedError' in open('ddp_exercises.py').read())",
         f"for path in {json.dumps([str(t) for t in targets])}:",
         "    try:",
         "        with open(path, 'w') as f:",

@@ -4,8 +4,10 @@ What this module does for every submission (and what it does NOT do):
 
 * **Own process, own folders.** ``autograder.worker`` runs ``nbgrader autograde`` and
   ``generate_feedback`` for one (student, module) in a fresh scratch course root
-  (``JOB/root``: a copy of the module's source, a gradebook holding only that module, and
-  that one student's submission) and writes the autograded copy, where the student's code
+  (``JOB/root``: a gradebook holding only that module, with its hidden tests, that one student's
+  submission, and as nbgrader's source folder the module's RELEASE without its notebook: nbgrader
+  copies those files over the submission, so the scripts beside a graded notebook are the ones
+  the student was given, their answers stubbed, never the solutions') and writes the autograded copy, where the student's code
   runs, into ``JOB/work/<student>/<module>`` (nbgrader's ``autograded_directory`` set to an
   absolute path outside the root). The main gradebook is written only by the parent
   (``autograder.grade``), which reads the results out of ``JOB/root/gradebook.db``.
@@ -26,8 +28,10 @@ What this module does for every submission (and what it does NOT do):
   root, or unprivileged user namespaces; ``jail_available()``; ``make test`` and ``make grade``
   install Debian's ``bubblewrap``): the kernel starts through ``bwrap`` (``jail_argv``) with the
   whole filesystem read-only; a fresh, empty ``/tmp`` (the scratch roots of every job, with its
-  own source notebook, hidden tests and gradebook, live under the system temp folder and so are
-  gone); ``solutions/``, ``.git``, ``build/``, the grading output folder (main gradebook, other
+  own source folder, hidden tests and gradebook, live under the system temp folder and so are
+  gone); every folder of the repository but ``coursekit/``, ``data/`` and the one holding the
+  grader's Python (so ``solutions/``, ``course/``, whose module 07 scripts hold earlier modules'
+  answers, ``tests/``, ``.git``, ``build/``), the grading output folder (main gradebook, other
   students' feedback) and the submissions folder covered by empty read-only folders; only its
   own working directory, and the folder of its connection file, writable. It has no network but
   a loopback of its own (it cannot reach servers on this machine's loopback either; nbgrader

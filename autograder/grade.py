@@ -20,7 +20,8 @@ What happens:
    status "tests modified" (the notebook is still graded: nbgrader restores the original
    test cells, ``OverwriteCells.add_missing_cells`` re-adds deleted ones, so the score is what
    the original tests give; the status tells the instructor to look).
-4. Every remaining submission is autograded in its own process and scratch root, up to
+4. Every remaining submission is autograded in its own process and scratch root (its notebook beside the
+   module's released files, never the solutions' scripts: see ``RELEASED``), up to
    ``--jobs`` at a time, with a wall-clock and a memory limit (``autograder/contain.py`` says
    exactly what is contained and what is not). A submission past the time limit is "timed
    out" (score 0); a kernel that dies (``os._exit``, a segfault) or is killed for using more
@@ -60,6 +61,7 @@ from pathlib import Path
 from autograder.collect import Found, collect
 from autograder.contain import jail_available, jail_missing_reason, run_limited, write_kernelspec
 from autograder.paths import CONFIG, REPO, SOLUTIONS, modules, tool_env
+from autograder.release import strip_scripts
 
 STATUSES = ("graded", "tests modified", "timed out", "kernel died", "invalid notebook", "missing")
 FIELDS = ["student", "module", "score", "max_score", "status", "seconds", "detail"]
@@ -70,6 +72,13 @@ IGNORE = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__")
 
 # ---------------------------------------------------------------- nbgrader course roots
 
+# A grading job's nbgrader source folder. nbgrader's autograde copies every file of the assignment's source
+# folder that is not a notebook over the submission (``Autograde.init_assignment``); a job's source folder holds
+# the module's RELEASE (its scripts with their solution regions stubbed, its figures), never the solutions, so a
+# submission's code reaches only what its student was given. The hidden tests come from the gradebook.
+RELEASED = "released"
+
+
 def _config_text(root: Path, autograded: Path | None = None, timeout: float | None = None,
                  runtime: Path | None = None) -> str:
     lines = ["c = get_config()  # noqa: F821",
@@ -77,8 +86,9 @@ def _config_text(root: Path, autograded: Path | None = None, timeout: float | No
              f"c.CourseDirectory.root = {str(root)!r}",
              f"c.CourseDirectory.db_url = {'sqlite:///' + str(root / 'gradebook.db')!r}",
              "c.OverwriteCells.add_missing_cells = True"]
-    if autograded:
-        lines.append(f"c.CourseDirectory.autograded_directory = {str(autograded)!r}")
+    if autograded:      # a grading job's root
+        lines += [f"c.CourseDirectory.autograded_directory = {str(autograded)!r}",
+                  f"c.CourseDirectory.source_directory = {RELEASED!r}"]
     if timeout:
         lines.append(f"c.Execute.timeout = {int(min(600, max(10, timeout)))}")
     if runtime and jail_available():
@@ -139,6 +149,7 @@ def _register(root: Path, module: str) -> None:
     r = _api(root).generate_assignment(module, force=True, create=True)
     if not r.get("success"):
         raise RuntimeError(f"could not register {module}:\n{r.get('log')}\n{r.get('error')}")
+    strip_scripts(root / "course" / module)    # the release as students get it: scripts' answers stubbed
 
 
 def prepare(out: Path, wanted: list[str]) -> dict[str, Path]:
@@ -217,15 +228,25 @@ def precheck(notebook: Path, template: Path, module: str) -> tuple[str, str]:
 
 # ---------------------------------------------------------------- one submission
 
+# The repository's folders a submission's kernel needs: the course's helper package, and the data it may read.
+KERNEL_NEEDS = ("coursekit", "data")
+
+
 def _hidden_paths(out: Path, submissions: Path) -> list[Path]:
-    """What a submission's kernel must not see: the solutions, the repository's history and builds, the
-    grading output (other students' work, the gradebook) and the submissions."""
+    """What a submission's kernel must not see: every folder of the repository but ``KERNEL_NEEDS`` and the one
+    holding this Python (the solutions; the release, whose later modules' scripts hold earlier modules' answers;
+    the tests; the history and builds), the grading output (other students' work, the gradebook) and the
+    submissions."""
+    python = [Path(p).resolve() for p in (sys.prefix, sys.base_prefix)]
+    keep = [REPO / name for name in KERNEL_NEEDS]
     paths = [SOLUTIONS, REPO / ".git", REPO / "build", out]
+    paths += [p for p in sorted(REPO.iterdir()) if p.is_dir() and p not in keep
+              and not any(py.is_relative_to(p.resolve()) for py in python)]
     if submissions.is_dir():
         paths.append(submissions)
     else:
         paths.append(submissions.parent)
-    return [p.resolve() for p in paths]
+    return list(dict.fromkeys(p.resolve() for p in paths))
 
 
 def run_job(f: Found, template: Path, jobs_base: Path, hide: list[Path], timeout: float,
@@ -234,7 +255,8 @@ def run_job(f: Found, template: Path, jobs_base: Path, hide: list[Path], timeout
     job = Path(tempfile.mkdtemp(prefix="job-", dir=jobs_base))
     root = job / "root"
     root.mkdir()
-    shutil.copytree(template / "solutions" / f.module, root / "solutions" / f.module)
+    shutil.copytree(template / "course" / f.module, root / RELEASED / f.module,
+                    ignore=shutil.ignore_patterns("*.ipynb", ".ipynb_checkpoints", "__pycache__"))
     shutil.copy(template / "gradebook.db", root / "gradebook.db")
     (root / "nbgrader_config.py").write_text(_config_text(root, job / "work", timeout, job / "runtime"))
     shutil.copytree(f.folder, root / "submitted" / f.student / f.module)

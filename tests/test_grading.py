@@ -64,6 +64,27 @@ def cell_scores(out: Path, student: str, module: str) -> dict[str, tuple[float, 
         return {g.name: (g.score, g.max_score) for g in nb.grades}
 
 
+def importer_answers(module: str) -> dict[str, str]:
+    """grade_id -> ``from <script> import <names>`` for each exercise whose functions a script of the module
+    defines too: the submission of a student who keeps the answers in the script, or who hopes that the grader
+    puts the reference script beside the notebook."""
+    import ast
+
+    from autograder.paths import SOLUTIONS
+
+    in_scripts = {}
+    for script in sorted((SOLUTIONS / module).glob("*.py")):
+        for node in ast.parse(script.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.FunctionDef):
+                in_scripts.setdefault(node.name, script.stem)
+    out = {}
+    for gid, code in solution_answers(module).items():
+        names = [n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef) and n.name in in_scripts]
+        if names:
+            out[gid] = "\n".join(f"from {in_scripts[n]} import {n}" for n in names)
+    return out
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     subs = tmp_path_factory.mktemp("submissions")
@@ -74,6 +95,8 @@ def graded(tmp_path_factory):
         write_submission(subs, "blank", module, {})                          # untouched notebook
         for student, wrong in wrong_students(module).items():
             write_submission(subs, student, module, {**reference, **{gid: code for gid, (code, _) in wrong.items()}})
+        if importer_answers(module):
+            write_submission(subs, "importer", module, {**reference, **importer_answers(module)})
         right = getattr(answers_file(module), "RIGHT", None)
         if right:
             write_submission(subs, "right", module, {**reference, **right})
@@ -128,6 +151,20 @@ def test_each_realistic_mistake_loses_the_points_of_its_exercise(graded):
 
 
 @pytest.mark.slow
+def test_answers_imported_from_the_modules_scripts_lose_their_points(graded):
+    """A notebook is graded beside the release's scripts (answers stubbed), never the reference ones."""
+    out, rows = graded
+    probed = [m for m in graded_modules() if importer_answers(m)]
+    assert probed or ONLY, "no module's script defines an answer function: the probe tests nothing"
+    for m in probed:
+        cells = cell_scores(out, "importer", m)
+        for gid in importer_answers(m):
+            kept = {name: sc for name, sc in cells.items() if name.startswith(f"test_{gid}") and sc[0] > 0}
+            assert not kept, f"{m}: answers of {gid} imported from the module's script kept points: {kept}"
+        assert rows[("importer", m)]["score"] < rows[("ada", m)]["score"], rows[("importer", m)]
+
+
+@pytest.mark.slow
 def test_right_answers_written_differently_get_full_marks(graded):
     out, rows = graded
     for m in graded_modules():
@@ -144,6 +181,8 @@ def test_csv_and_feedback_cover_every_student_and_module(graded):
     with open(out / "grades.csv") as f:
         table = list(csv.DictReader(f))
     students = {"ada", "blank", "late"} | {s for m in graded_modules() for s in wrong_students(m)}
+    if any(importer_answers(m) for m in graded_modules()):
+        students.add("importer")
     if any(getattr(answers_file(m), "RIGHT", None) for m in graded_modules()):
         students.add("right")
     assert {(r["student"], r["module"]) for r in table} == {(s, m) for s in students for m in graded_modules()}

@@ -140,8 +140,11 @@ def test_submissions_cannot_see_secrets_or_write_outside(corpus):
     out, subs, _, _ = corpus
     text = (out / "feedback" / "snoop" / MODULE / f"{MODULE}.html").read_text()
     assert "SNOOP-SEES" in text, "the snoop cell did not run"
-    for name in ("solutions", "gradebook", "submissions", "scratch_source", "scratch_gradebook", "network"):
+    for name in ("solutions", "gradebook", "submissions", "scratch_source", "scratch_gradebook", "release", "tests",
+                 "network"):
         assert f"SNOOP-SEES {name} False" in text, f"a submission could see {name}"
+    assert "SNOOP-STUBS True" in text, (
+        "the scripts beside a graded notebook must be the release's, their answers stubbed")
     assert "SNOOP-WROTE" not in text and text.count("SNOOP-BLOCKED") == 4   # (the source says 'SNOOP-' + ...)
     for p in (SOLUTIONS / "PWNED.txt", out / "PWNED.txt", REPO / "PWNED.txt", subs / "good" / "PWNED.txt"):
         assert not p.exists(), p
