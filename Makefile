@@ -10,6 +10,7 @@
 #   make grade SUBMISSIONS=dir   autograde a folder (or LMS .zip) of submissions (instructors);
 #                GRADE_ARGS="--jobs 2 --timeout 300 --students roster.txt" passes options
 #   make release      the student-only copy in build/student-release, checked for answers and hidden tests
+#                     (THROUGH=03_ray_data: modules 01-03 only, for a class that opens one module at a time)
 #   make bench        the performance harness -> bench/results.json, bench/RESULTS.md (long: run it alone on a quiet machine)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -71,7 +72,7 @@ grade: jail
 	$(PY) -m autograder.grade $(SUBMISSIONS) --out build/grading $(GRADE_ARGS)
 
 release: $(DEV_STAMP)
-	$(PY) -m autograder.student_release --into build/student-release
+	$(PY) -m autograder.student_release --into build/student-release $(if $(THROUGH),--through $(THROUGH))
 
 bench: jail
 	$(PY) -m bench

@@ -19,8 +19,10 @@ course publishes (a public repository, Binder). It fails (exit 1) if anything le
 from __future__ import annotations
 
 import argparse
+import ast
 import shutil
 import sys
+import textwrap
 from pathlib import Path
 
 import nbformat
@@ -79,56 +81,162 @@ def _lines(text: str) -> set[str]:
     return {ln.strip() for ln in text.splitlines() if len(ln.strip()) > ANSWER_MIN} - GENERIC
 
 
-def answers(module: str) -> list[tuple[int, str, set[str]]]:
-    """(cell index, grade_id, answer lines) of each solution cell of ``module``'s instructor notebook,
-    and of each solution region of its scripts (index -1: they come before every cell)."""
+# ---------------------------------------------------------------- answers by their shape
+
+SHAPE_MIN = 15       # AST nodes: smaller statements (`loss.backward()`, `model = DDP(model)`) are every loop's
+SHAPE_WHOLE = 40     # a statement this large matching alone is a leak (a loop, a function body)
+SHAPE_SHARE = 0.5    # else: this share of an answer's shapes in one file (at least 2 of them)
+
+
+class _Abstract(ast.NodeTransformer):
+    """Names, arguments and literals abstracted: what a statement does, whatever its variables are called.
+    Attributes and keywords stay (``dist.all_reduce``, ``broadcast_from_rank0=``): they are the API."""
+
+    def visit_Name(self, node):
+        return ast.copy_location(ast.Name(id="_", ctx=node.ctx), node)
+
+    def visit_arg(self, node):
+        node.arg, node.annotation = "_", None
+        return node
+
+    def visit_Constant(self, node):
+        return ast.copy_location(ast.Constant(value=type(node.value).__name__), node)
+
+    def visit_FunctionDef(self, node):
+        self.generic_visit(node)
+        node.name, node.returns = "_", None
+        return node
+
+    def visit_Expr(self, node):      # docstrings and other bare strings say nothing about the code
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return ast.Pass()
+        return self.generic_visit(node)
+
+
+def _parse(text: str) -> ast.Module | None:
+    text = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith(("%", "!")))
+    for candidate in (text, textwrap.dedent(text)):
+        try:
+            return ast.parse(candidate)
+        except SyntaxError:
+            continue
+    return None
+
+
+def shapes(text: str) -> dict[str, tuple[int, str]]:
+    """shape -> (AST nodes, first line) of every statement of ``text`` (at any depth, imports aside) of at least
+    ``SHAPE_MIN`` nodes, with names and literals abstracted: a copy with its variables renamed has the same
+    shapes. Text that does not parse has none."""
+    tree = _parse(text)
+    out: dict[str, tuple[int, str]] = {}
+    for node in ast.walk(tree) if tree else ():
+        if isinstance(node, ast.stmt) and not isinstance(node, (ast.Import, ast.ImportFrom)):
+            size = sum(1 for _ in ast.walk(node))
+            if size >= SHAPE_MIN:
+                source = ast.unparse(node)
+                key = ast.dump(_Abstract().visit(ast.parse(source).body[0]), annotate_fields=False)
+                out.setdefault(key, (size, source.splitlines()[0][:100]))
+    return out
+
+
+def shape_leak(answer: dict[str, tuple[int, str]], text_shapes: dict) -> str:
+    """Why ``text_shapes`` hold the answer whose shapes are ``answer`` ("" when they do not): one large
+    statement of it, or ``SHAPE_SHARE`` of its statements, whatever the names."""
+    hit = [answer[k] for k in answer if k in text_shapes]
+    whole = [h for h in hit if h[0] >= SHAPE_WHOLE]
+    if whole:
+        return f"a statement of {whole[0][0]} AST nodes with the answer's shape, e.g. {whole[0][1]!r}"
+    if len(hit) >= 2 and len(hit) >= SHAPE_SHARE * len(answer):
+        return f"{len(hit)} of the answer's {len(answer)} statements by shape, e.g. {hit[0][1]!r}"
+    return ""
+
+
+def answers(module: str) -> list[tuple[int, str, set[str], dict]]:
+    """(cell index, grade_id, answer lines, answer shapes) of each solution cell of ``module``'s instructor
+    notebook, and of each script's solution regions (index -1: they come before every cell)."""
     nb = nbformat.read(SOLUTIONS / module / f"{module}.ipynb", as_version=4)
     out = []
     for i, cell in enumerate(nb.cells):
         meta = cell.metadata.get("nbgrader", {})
         if meta.get("solution") and "### BEGIN SOLUTION" in cell.source:
             chunk = cell.source.split("### BEGIN SOLUTION", 1)[1].split("### END SOLUTION", 1)[0]
-            out.append((i, meta["grade_id"], _lines(chunk)))
+            out.append((i, meta["grade_id"], _lines(chunk), shapes(chunk)))
     for script in sorted((SOLUTIONS / module).rglob("*.py")):
         text = script.read_text(encoding="utf-8")
         chunks = [c.split("### END SOLUTION", 1)[0] for c in text.split("### BEGIN SOLUTION")[1:]]
         if chunks:
-            out.append((-1, script.name, _lines("\n".join(chunks))))
+            out.append((-1, script.name, _lines("\n".join(chunks)),
+                        {k: v for c in chunks for k, v in shapes(c).items()}))
     return out
 
 
+def _owner(path: Path, course: Path) -> str | None:
+    """The module whose release folder holds ``path`` (None: a file every module's students get)."""
+    try:
+        return path.relative_to(course).parts[0] if path.is_relative_to(course) else None
+    except IndexError:
+        return None
+
+
+def _leak(text_lines: set[str], text_shapes: dict, lines: set[str], answer_shapes: dict) -> str:
+    """Why a text (its ``_lines`` and ``shapes``) holds an answer (its lines and shapes); "" when it does not."""
+    hit = sorted(text_lines & lines)
+    if hit:
+        return f"{len(hit)} line(s), e.g. {hit[0]!r}"
+    return shape_leak(answer_shapes, text_shapes)
+
+
 def answer_leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
-    """Lines of any module's answers (solution cells and script solution regions) found in a released
-    file that is not a notebook (scripts, coursekit, READMEs), or in a visible cell of the module's
-    own notebook above the exercise (an answer printed before the question)."""
+    """Answers (solution cells and script solution regions, by their lines or by their shape, whatever the
+    names) found where a student of a module could read them before its deadline.
+
+    A module is released after the deadline of every module before it (``make release THROUGH=...``), so a file
+    of module j's folder may hold the answers of modules before j (module 07's scripts do 01's, 05's and 06's
+    jobs) but never of j or a later module; a file outside the modules' folders (coursekit, READMEs, deploy) holds
+    no answer; a released notebook shows none of its own answers above their exercise, and none of a later
+    module's anywhere."""
     folder = Path(folder)
     course = folder / "course" if (folder / "course").is_dir() else folder
-    every = {m: answers(m) for m in mods or modules()}
+    order = modules()
+    every = {m: answers(m) for m in mods or order}
+
+    def later_or_same(m: str, owner: str | None) -> bool:
+        return owner is None or owner not in order or order.index(m) >= order.index(owner)
+
     found = []
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix != ".ipynb"):
         try:
-            text = _lines(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
             continue
+        owner, text_lines, text_shapes = _owner(path, course), _lines(text), shapes(text)
         for m, items in every.items():
-            for _, gid, lines in items:
-                hit = sorted(text & lines)
-                if hit:
-                    found.append(f"{path.relative_to(folder)}: {len(hit)} line(s) of {m}'s answer "
-                                 f"{gid}, e.g. {hit[0]!r}")
-    for m, items in every.items():
-        nb_path = course / m / f"{m}.ipynb"
+            if not later_or_same(m, owner):
+                continue
+            for _, gid, lines, answer_shapes in items:
+                # a later module's answer in a module's folder: by shape only (single lines such as
+                # `images, labels = images.to(device), labels.to(device)` are every module's)
+                why = _leak(text_lines if owner in (None, m) else set(), text_shapes, lines, answer_shapes)
+                if why:
+                    found.append(f"{path.relative_to(folder)}: {m}'s answer {gid}: {why}")
+    for owner in order:
+        nb_path = course / owner / f"{owner}.ipynb"
         if not nb_path.exists():
             continue
-        cells = nbformat.read(nb_path, as_version=4).cells
-        for index, gid, lines in items:
-            above = set()
-            for cell in cells[:max(index, 0)]:
-                above |= _lines(_strip_regions(cell.source))
-            hit = sorted(above & lines)
-            if hit:
-                found.append(f"{nb_path.relative_to(folder)}: the answer of {gid} is shown above its cell, "
-                             f"e.g. {hit[0]!r}")
+        cells = [_strip_regions(c.source) for c in nbformat.read(nb_path, as_version=4).cells]
+        cell_lines, cell_shapes = [_lines(c) for c in cells], [shapes(c) for c in cells]
+        for m, items in every.items():
+            if order.index(m) < order.index(owner):
+                continue
+            for index, gid, lines, answer_shapes in items:
+                # its own answers: by line or shape, above the exercise; a later module's: by shape, anywhere
+                # (lines such as `for images, labels in batches:` are every module's)
+                upto = max(index, 0) if m == owner else len(cells)
+                why = next((w for t, sh in zip(cell_lines[:upto], cell_shapes[:upto])
+                            if (w := _leak(t if m == owner else set(), sh, lines, answer_shapes))), "")
+                if why:
+                    where = "above its cell" if m == owner else f"in {owner}, before {m}'s deadline"
+                    found.append(f"{nb_path.relative_to(folder)}: the answer of {m}'s {gid} is shown {where}: {why}")
     return found
 
 
@@ -163,7 +271,7 @@ def leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
         if hit:
             found.append(f"{nb_path.relative_to(folder)}: {len(hit)} line(s) of its solutions/hidden "
                          f"tests, e.g. {hit[0]!r}")
-    found += answer_leaks(folder, mods)
+    found += answer_leaks(folder)      # every module's answers: an unreleased one's above all
     for p in folder.rglob("*"):
         if p.name in ("solutions", "autograder", "tests", ".git", "build"):
             found.append(f"{p.relative_to(folder)}: instructor-only folder")
@@ -172,16 +280,30 @@ def leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
     return found
 
 
-def build(into: Path) -> Path:
-    """Write the student copy into ``into`` (replaced)."""
+def released_through(through: str | None = None) -> list[str]:
+    """The modules a class has been given when ``through`` opens (all of them: None)."""
+    order = modules()
+    if through is None:
+        return order
+    if through not in order:
+        raise SystemExit(f"error: no module {through!r}; the modules are {', '.join(order)}")
+    return order[: order.index(through) + 1]
+
+
+def build(into: Path, through: str | None = None) -> Path:
+    """Write the student copy into ``into`` (replaced): the modules up to ``through`` (default: all)."""
     into = Path(into)
     if into.exists():
         shutil.rmtree(into)
     into.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info", ".*")
+    given = released_through(through)
     for part in PARTS:
         src = REPO / part
-        if src.is_dir():
+        if part == "course":
+            for m in given:
+                shutil.copytree(src / m, into / part / m, ignore=ignore)
+        elif src.is_dir():
             shutil.copytree(src, into / part, ignore=ignore)
         elif src.exists():
             shutil.copy(src, into / part)
@@ -208,19 +330,22 @@ def without_instructor_commands(pyproject: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--into", type=Path, default=REPO / "build" / "student-release")
+    p.add_argument("--through", default=None, metavar="MODULE",
+                   help="release the modules up to this one (a class that opens one module at a time, each "
+                        "after the deadline of the one before); default: all of them")
     args = p.parse_args(argv)
     missing = set(modules()) - {d.name for d in (REPO / "course").iterdir() if d.is_dir()}
     if missing:
         print(f"error: course/ lacks {', '.join(sorted(missing))}: run `make assignments`", file=sys.stderr)
         return 1
-    out = build(args.into)
-    problems = leaks(out)
+    out = build(args.into, args.through)
+    problems = leaks(out, released_through(args.through))
     if problems:
         print("error: the student release contains instructor-only text:", *problems[:20], sep="\n  ",
               file=sys.stderr)
         return 1
     n = sum(1 for p in out.rglob("*") if p.is_file())
-    print(f"student release: {out} ({n} files, modules {', '.join(modules())}); "
+    print(f"student release: {out} ({n} files, modules {', '.join(released_through(args.through))}); "
           "no solution code and no hidden tests in it")
     return 0
 

@@ -89,7 +89,7 @@ def test_answer_lines_in_a_released_script_or_above_the_exercise_are_leaks(tmp_p
     from autograder.student_release import answer_leaks, answers
 
     module = modules()[1]
-    index, gid, lines = next(a for a in answers(module) if a[0] >= 0 and a[2])
+    index, gid, lines, _ = next(a for a in answers(module) if a[0] >= 0 and a[2])
     release = tmp_path / "course"
     shutil.copytree(REPO / "course" / module, release / module)
     before = set(answer_leaks(release, [module]))
@@ -101,6 +101,61 @@ def test_answer_lines_in_a_released_script_or_above_the_exercise_are_leaks(tmp_p
     nb.cells[0].source += f"\n\n    {line}\n"
     nbformat.write(nb, release / module / f"{module}.ipynb")
     assert any("shown above" in p and gid in p for p in set(answer_leaks(release, [module])) - before)
+
+
+def _renamed(code: str) -> str:
+    """``code`` with every variable, argument and function renamed and reformatted: what a line check misses."""
+    import ast
+
+    class Rename(ast.NodeTransformer):
+        def visit_Name(self, node):
+            node.id = f"{node.id}_x"
+            return node
+
+        def visit_arg(self, node):
+            node.arg = f"{node.arg}_x"
+            return node
+
+        def visit_FunctionDef(self, node):
+            self.generic_visit(node)
+            node.name = f"{node.name}_x"
+            return node
+
+        def visit_Expr(self, node):    # the docstring goes too
+            return None if isinstance(node.value, ast.Constant) else self.generic_visit(node)
+
+    return ast.unparse(Rename().visit(ast.parse(code)))
+
+
+def test_an_answer_with_its_names_changed_is_still_a_leak_and_each_module_sees_only_earlier_answers(tmp_path):
+    """The check compares code by its shape (names and literals abstracted), not by its lines; and a module's
+    folder may hold earlier modules' answers (they are released after those deadlines), never its own or a later
+    module's; coursekit and the other shared files hold none."""
+    from autograder.samples import solution_answers
+    from autograder.student_release import answer_leaks
+
+    first, second = modules()[0], modules()[1]
+    gid, code = max(solution_answers(first).items(), key=lambda kv: len(kv[1]))   # its longest answer
+    disguised = _renamed(code)
+    assert not {ln.strip() for ln in disguised.splitlines() if len(ln.strip()) > 20} & {
+        ln.strip() for ln in code.splitlines()}, "the disguise keeps a line that the line check would find"
+    out = build(tmp_path / "student-release")
+    before = set(answer_leaks(out))
+
+    def new_leaks():
+        return [p for p in set(answer_leaks(out)) - before if gid in p]
+
+    for where in (out / "course" / first / "helpers.py", out / "coursekit" / "extra.py"):
+        where.write_text(disguised)
+        assert new_leaks(), f"{first}'s {gid} renamed, in {where.relative_to(out)}, was not found"
+        where.unlink()
+    (out / "course" / second / "earlier.py").write_text(disguised)     # released after the first's deadline
+    assert not new_leaks(), new_leaks()
+    (out / "course" / second / "earlier.py").unlink()
+    # a staged release: the first module only, checked against every module's answers
+    staged = tmp_path / "staged"
+    assert release_main(["--into", str(staged), "--through", first]) == 0
+    assert sorted(p.name for p in (staged / "course").iterdir()) == [first]
 
 
 def test_nbgrader_reads_the_course_config_from_the_repository_root():

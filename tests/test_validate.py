@@ -16,8 +16,17 @@ import pytest
 from autograder.release import REPO
 from autograder.samples import fill, solution_answers
 from coursekit.jupyter_setup import CELL_TIMEOUT_S
+from coursekit.validate import main as validate_main
 
 MODULE = "02_ray_train"
+# a cell that makes every later cell warn on stderr, as a library's deprecation notice or torch's c10d notice does
+# (the grader ignores stderr: Validate must too)
+WARNS = ("import sys, warnings\n"
+         "def _warn(*_):\n"
+         "    warnings.warn('this API is deprecated', DeprecationWarning, stacklevel=1)\n"
+         "    print('[W socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved', file=sys.stderr)\n"
+         "warnings.simplefilter('always')\n"
+         "get_ipython().events.register('post_run_cell', _warn)")
 
 
 def _validate(folder):
@@ -32,20 +41,23 @@ def _validate(folder):
 
 
 @pytest.mark.slow
-def test_validate_passes_the_reference_and_fails_the_untouched_notebook(tmp_path, monkeypatch):
+def test_validate_passes_the_reference_and_fails_the_untouched_notebook(tmp_path, monkeypatch, capsys):
     # the server's working folder of a student's release, which has no nbgrader_config.py (the repository's
     # root has the instructors' one, which would hide a missing jupyter_setup)
     monkeypatch.chdir(tmp_path)
     right = tmp_path / "right"
     shutil.copytree(REPO / "course" / MODULE, right)
-    nbformat.write(fill(MODULE, solution_answers(MODULE)), right / f"{MODULE}.ipynb")
+    nb = fill(MODULE, solution_answers(MODULE))
+    nb.cells.insert(0, nbformat.v4.new_code_cell(WARNS))   # right answers whose every later cell warns on stderr
+    nbformat.write(nb, right / f"{MODULE}.ipynb")
     result, seconds = _validate(right)
     assert not result.get("changed") and not result.get("type_changed"), result
     assert not result.get("failed"), [f["raw_error"][-500:] for f in result["failed"]]
     assert seconds < 120, f"Validate took {seconds:.0f} s: the notebook did not run in grading mode?"
 
+    # from a terminal: an untouched notebook fails, with the reason, and a non-zero exit status
     blank = tmp_path / "blank"
     shutil.copytree(REPO / "course" / MODULE, blank)
-    result, _ = _validate(blank)
-    assert result.get("failed"), "an untouched notebook must not validate"
-    assert any("NotImplementedError" in f["raw_error"] for f in result["failed"])
+    assert validate_main([str(blank / f"{MODULE}.ipynb")]) == 1, "an untouched notebook must not validate"
+    printed = capsys.readouterr().out
+    assert "check(s) failed" in printed and "NotImplementedError" in printed, printed[-2000:]
