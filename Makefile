@@ -8,7 +8,8 @@
 #   make course       execute every solution notebook (CPU) into build/course, with timings
 #   make assignments  regenerate course/ from solutions/ with nbgrader (MODULE=03_ray_data: one module)
 #   make grade SUBMISSIONS=dir   autograde a folder (or LMS .zip) of submissions (instructors);
-#                GRADE_ARGS="--jobs 2 --timeout 300 --students roster.txt" passes options
+#                GRADE_ARGS="--jobs 2 --timeout 300 --students roster.txt" passes options;
+#                RAY_ADDRESS=auto (or HOST:PORT) grades on that Ray cluster, one task per submission
 #   make release      the student-only copy in build/student-release, checked for answers and hidden tests
 #                     (THROUGH=03_ray_data: modules 01-03 only, for a class that opens one module at a time)
 #   make bench        the performance harness -> bench/results.json, bench/RESULTS.md (long: run it alone on a quiet machine)
@@ -69,7 +70,7 @@ assignments: $(DEV_STAMP)
 	$(PY) -m autograder.release $(if $(MODULE),--module $(MODULE))
 
 grade: jail
-	$(PY) -m autograder.grade $(SUBMISSIONS) --out build/grading $(GRADE_ARGS)
+	$(PY) -m autograder.grade $(SUBMISSIONS) --out build/grading $(if $(RAY_ADDRESS),--address $(RAY_ADDRESS)) $(GRADE_ARGS)
 
 release: $(DEV_STAMP)
 	$(PY) -m autograder.student_release --into build/student-release $(if $(THROUGH),--through $(THROUGH))

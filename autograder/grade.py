@@ -476,6 +476,8 @@ def record(job: Job, run: dict, main: Path, out: Path, max_score: float, memory:
     else:
         _forget(main, f.student, f.module)
     row["status"] = status
+    if run.get("node") and not run.get("jailed"):      # graded on a Ray cluster's node that has no jail
+        why = "; ".join(x for x in (why, f"graded on {run['node']} without the jail (no bubblewrap there)") if x)
     row["detail"] = "; ".join(x for x in (job.detail, why) if x)
     if status not in ("graded", "tests modified"):
         _plain_feedback(main, row)
@@ -524,11 +526,12 @@ def write_reports(out: Path, main: Path, table: list[dict], wanted: list[str], w
 
 def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bool = False,
           jobs: int | None = None, timeout: float | None = None, memory: float | None = None,
-          roster: list[str] | None = None) -> list[dict]:
+          roster: list[str] | None = None, address: str | None = None) -> list[dict]:
     """Grade everything under ``submissions``; return one row per expected (student, module).
 
     ``timeout`` (seconds) and ``memory`` (bytes) apply to each submission; ``jobs`` submissions
-    are graded at once (default: the number of cores).
+    are graded at once (default: the number of cores). With ``address`` (``auto``, ``HOST:PORT``) every
+    submission is a Ray task on that cluster instead (``autograder.cluster``), as many at once as it has CPUs.
     """
     from nbgrader.api import Gradebook
 
@@ -559,10 +562,17 @@ def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bo
     rows, todo, n_cached = plan(found, wanted, templates, main, cache, float(timeout or DEFAULT_TIMEOUT),
                                 memory, max_scores)
     todo = slowest_first(todo, out / "timings.json")
-    if todo:
-        say(f"grading {len(todo)} submission(s) of {len(wanted)} module(s), {workers} at a time"
-            f"{'' if jail_available() else f' (no jail: {jail_missing_reason()}; kernels see the whole filesystem and the network)'}")
-    for job, run in run_jobs(todo, templates, _hidden_paths(out, submissions), workers, memory, quiet):
+    if todo and address:
+        from autograder.cluster import run_jobs_on_ray
+
+        say(f"grading {len(todo)} submission(s) of {len(wanted)} module(s) on the Ray cluster at {address}")
+        runs = run_jobs_on_ray(todo, templates, address, memory, quiet)
+    else:
+        if todo:
+            say(f"grading {len(todo)} submission(s) of {len(wanted)} module(s), {workers} at a time"
+                f"{'' if jail_available() else f' (no jail: {jail_missing_reason()}; kernels see the whole filesystem and the network)'}")
+        runs = run_jobs(todo, templates, _hidden_paths(out, submissions), workers, memory, quiet)
+    for job, run in runs:
         f = job.found
         row = record(job, run, main, out, max_scores[f.module], memory)
         rows[(f.student, f.module)] = row
@@ -594,6 +604,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"seconds per submission (default {DEFAULT_TIMEOUT})")
     p.add_argument("--memory", type=float, default=None,
                    help=f"GiB per submission's process tree (default {DEFAULT_MEMORY / 2**30:.0f})")
+    p.add_argument("--address", default=None,
+                   help="grade on this Ray cluster (auto, or HOST:PORT): one Ray task per submission")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     roster = None
@@ -602,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
                   if ln.strip() and not ln.startswith("#")]
     rows = grade(args.submissions, args.out, args.modules.split(",") if args.modules else None,
                  quiet=args.quiet, jobs=args.jobs, timeout=args.timeout,
-                 memory=args.memory * 2**30 if args.memory else None, roster=roster)
+                 memory=args.memory * 2**30 if args.memory else None, roster=roster, address=args.address)
     for r in rows:
         print(f"{r['student']:<20} {r['module']:<20} {r['score']:>6} / {r['max_score']:<6} {r['status']:<16} {r['detail']}")
     print(f"grades: {args.out / 'grades.csv'}; feedback: {args.out / 'feedback'}; "

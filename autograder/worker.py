@@ -16,7 +16,21 @@ import time
 from pathlib import Path
 
 
+def _die_with_parent() -> None:
+    """Linux: this process is killed when the one that started it dies (the grader, or the Ray worker of a
+    cluster's node that is lost), so no grading outlives it: its kernel then goes too (bubblewrap's
+    --die-with-parent). The job runs in a session of its own, which a parent's death does not reach."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)    # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv: list[str]) -> int:
+    _die_with_parent()
     job, student, module = Path(argv[0]), argv[1], argv[2]
     root = job / "root"
     from nbgrader.apps import NbGraderAPI

@@ -1,0 +1,77 @@
+"""Grading on a Ray cluster (``autograder.grade --address``) gives what local grading gives, and loses nothing
+when a node is lost mid-run.
+
+Module 01 (the fastest to grade): the reference solution, the untouched notebook and a student with a mistake
+in every exercise (tests/mistakes), graded locally and on a local Ray cluster of a head and 2 worker nodes of
+1 CPU each (``coursekit.elastic.LocalCluster``: each node a raylet of its own). While the three grading tasks
+run, one on each node, the newest worker node is removed and another one joins: Ray runs the lost task again elsewhere, and the
+gradebook holds each submission once, with the local run's scores, cell by cell."""
+import sqlite3
+import threading
+import time
+
+import pytest
+
+from autograder.grade import grade
+from autograder.samples import solution_answers, write_submission
+from coursekit.elastic import LocalCluster
+from test_grading import answers_file, cell_scores
+
+MODULE = "01_ddp_pytorch"
+MEMORY = 4 * 2**30
+STUDENTS = ("ada", "blank", "partial")
+
+
+def _submissions(folder):
+    reference = solution_answers(MODULE)
+    write_submission(folder, "ada", MODULE, reference)
+    write_submission(folder, "blank", MODULE, {})
+    write_submission(folder, "partial", MODULE, {**reference, **{
+        gid: code if isinstance(code, str) else code[0] for gid, code in answers_file(MODULE).WRONG.items()}})
+
+
+def _busy_cpus() -> float:
+    import ray
+
+    return ray.cluster_resources().get("CPU", 0) - ray.available_resources().get("CPU", 0)
+
+
+@pytest.mark.slow
+def test_a_ray_cluster_grades_as_locally_and_a_lost_node_loses_nothing(tmp_path):
+    subs = tmp_path / "submissions"
+    _submissions(subs)
+    local = {r["student"]: r for r in grade(subs, tmp_path / "local", only=[MODULE], quiet=True, jobs=2,
+                                            timeout=600, memory=MEMORY)}
+    on_ray, errors = {}, []
+    with LocalCluster(worker_nodes=2, cpus_per_node=1) as cluster:
+        def run():
+            try:
+                on_ray.update({r["student"]: r for r in grade(subs, tmp_path / "ray", only=[MODULE], quiet=True,
+                                                              timeout=600, memory=MEMORY,
+                                                              address=cluster.address)})
+            except BaseException as e:  # noqa: BLE001  (reported below)
+                errors.append(e)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.time() + 300
+        while _busy_cpus() < len(STUDENTS) and thread.is_alive() and time.time() < deadline:
+            time.sleep(0.5)
+        assert thread.is_alive() and _busy_cpus() >= len(STUDENTS), "the grading tasks never ran at once"
+        time.sleep(3)                      # both jobs are inside nbgrader now
+        cluster.remove_node()              # a machine is lost with its task ...
+        cluster.add_node()                 # ... and another one joins
+        thread.join(900)
+        assert not thread.is_alive(), "grading on the cluster did not finish"
+    assert not errors, errors
+    assert set(on_ray) == set(local) == set(STUDENTS)
+    for student in STUDENTS:
+        mine, theirs = on_ray[student], local[student]
+        assert (mine["status"], mine["score"], mine["max_score"]) == (theirs["status"], theirs["score"],
+                                                                      theirs["max_score"]), (mine, theirs)
+        assert cell_scores(tmp_path / "ray", student, MODULE) == cell_scores(tmp_path / "local", student, MODULE)
+        assert (tmp_path / "ray" / "feedback" / student / MODULE / f"{MODULE}.html").exists()
+    assert local["ada"]["score"] == local["ada"]["max_score"] > local["partial"]["score"] > 0
+    with sqlite3.connect(tmp_path / "ray" / "nbgrader" / "gradebook.db") as db:
+        assert db.execute("select count(*) from submitted_assignment").fetchone()[0] == len(STUDENTS), (
+            "a submission was merged into the gradebook twice")
