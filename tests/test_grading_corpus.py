@@ -231,3 +231,35 @@ def test_an_instructors_own_lms_naming_is_read_by_nbgraders_collector(tmp_path, 
     found, unmatched = collect(flat, tmp_path / "out", modules())
     assert [(f.student, f.module) for f in found] == [("zed", m)]
     assert unmatched == ["sub-yan-notamodule.ipynb"]
+
+
+@pytest.mark.slow
+def test_watch_grades_a_submission_as_it_arrives(tmp_path):
+    """``autograder.grade --watch``: a submission that lands in the watched folder is graded at the next pass,
+    with its feedback; Ctrl-C stops the watch cleanly."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    subs, out = tmp_path / "inbox", tmp_path / "out"
+    subs.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "autograder.grade", str(subs), "--out", str(out), "--modules",
+                             MODULE, "--watch", "2", "--jobs", "1", "--timeout", str(TIMEOUT)],
+                            cwd=REPO, env=tool_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(5)                                   # a pass or two over an empty inbox
+        write_submission(subs, "early_bird", MODULE, {})
+        deadline = time.time() + 180
+        rows = []
+        while time.time() < deadline and not any(r["student"] == "early_bird" for r in rows):
+            time.sleep(2)
+            rows = _csv(out) if (out / "grades.csv").exists() else []
+        assert any(r["student"] == "early_bird" and r["status"] == "graded" for r in rows), (
+            f"the new submission was not graded within 3 minutes: {rows}")
+        assert (out / "feedback" / "early_bird" / MODULE / f"{MODULE}.html").exists()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "stopped watching" in output, output[-2000:]
+    assert "not in session" not in output, "SQLAlchemy's session warnings reach the instructor's console"
