@@ -19,7 +19,10 @@ workers can measure how long recovery took.
 
 :func:`simulated_restart` is :func:`coursekit.testing.simulated_worker` plus a
 ``ray.train.get_checkpoint()`` that returns the checkpoint you give it: what a
-worker of a restarted group sees, without starting Ray.
+worker of a restarted group sees, without starting Ray. :func:`bucket_checkpoint`
+makes that checkpoint live on storage that is not a local folder (an in-memory
+bucket, as S3 or GCS would be), and :func:`checkpoints_ray_keeps` asks Ray Train's
+own checkpoint manager which checkpoints a ``CheckpointConfig`` keeps.
 """
 from __future__ import annotations
 
@@ -27,9 +30,12 @@ import json
 import os
 import re
 import signal
+import tempfile
 import time
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from coursekit.widgets import STYLE, Controls, layout, warning
 
@@ -140,6 +146,77 @@ def simulated_restart(rank: int = 0, world_size: int = 1, checkpoint=None):
         yield reports
 
 
+class RankReport(NamedTuple):
+    """One ``ray.train.report`` of a simulated rank, as module 04's checks keep it (importable, so that it travels
+    back from forked or spawned ranks): the report's epoch, its checkpoint's files (``{name: bytes}``, None without
+    a checkpoint), and the rank's torch RNG state at that moment (``torch.get_rng_state()``)."""
+    epoch: int
+    files: dict | None
+    rng: Any
+
+
+def bucket_checkpoint(files: dict[str, bytes], name: str | None = None):
+    """A ``ray.train.Checkpoint`` holding ``files`` ({file name: bytes}) on storage that is not a local folder.
+
+    The files go into an in-memory bucket: a pyarrow filesystem (fsspec's ``MemoryFileSystem`` behind
+    ``pyarrow.fs.PyFileSystem``, seen through a ``SubTreeFileSystem``), the way ``RunConfig(storage_path="s3://...")``
+    or ``RunConfig(storage_filesystem=...)`` gives Ray Train a checkpoint in cloud storage. Its ``.path`` is then a
+    path inside the bucket (``course-bucket/<name>``, as an S3 checkpoint's is ``bucket/path``), which no local
+    ``open()`` or ``os`` function finds; ``checkpoint.as_directory()`` (or ``to_directory()``) downloads it into a
+    local temporary folder, and removes that folder when the ``with`` block ends. The bucket lives in this process
+    only."""
+    import pyarrow.fs
+    from fsspec.implementations.memory import MemoryFileSystem
+    from ray.train import Checkpoint
+
+    fs = pyarrow.fs.SubTreeFileSystem("/", pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(MemoryFileSystem())))
+    path = f"course-bucket/{name or 'checkpoint-' + uuid.uuid4().hex[:8]}"
+    fs.create_dir(path)
+    for file_name, content in files.items():
+        parent = os.path.dirname(file_name)
+        if parent:
+            fs.create_dir(f"{path}/{parent}")
+        with fs.open_output_stream(f"{path}/{file_name}") as f:
+            f.write(content)
+    return Checkpoint(path, filesystem=fs)
+
+
+def checkpoints_ray_keeps(reports: list[dict], checkpoint_config, storage_path: str | os.PathLike | None = None,
+                          name: str = "keep-demo") -> dict:
+    """What ``checkpoint_config`` leaves in storage after one checkpoint per report, decided by Ray Train itself.
+
+    Each report (a metrics dict with an ``"epoch"``) gets a small checkpoint, persisted and registered as the
+    controller does at a ``ray.train.report(..., checkpoint=...)``: Ray Train's ``StorageContext`` and
+    ``CheckpointManager`` (ray/train/v2/_internal/execution/checkpoint/checkpoint_manager.py), which prunes with
+    ``num_to_keep`` and the score after every registration. Returns ``{"in_storage": [epochs of the checkpoint
+    folders left in storage], "latest": epoch of the checkpoint that ray.train.get_checkpoint() hands a restarted
+    worker group or a rerun under the same name (``result.checkpoint``), "rows": [epochs of the checkpoints that
+    ``result.best_checkpoints`` and ``result.metrics_dataframe`` list, worst first]}``."""
+    from ray.train import Checkpoint
+    from ray.train.v2._internal.execution.checkpoint.checkpoint_manager import CheckpointManager
+    from ray.train.v2._internal.execution.storage import StorageContext
+    from ray.train.v2._internal.execution.training_report import _TrainingReport
+
+    from coursekit.localmode import _in_thread, _quiet
+
+    with tempfile.TemporaryDirectory() as scratch, _quiet("ray.train"):
+        storage = StorageContext(storage_path=str(storage_path or scratch), experiment_dir_name=name)
+        manager = _in_thread(lambda: CheckpointManager(checkpoint_config=checkpoint_config, storage_context=storage))
+        for metrics in reports:
+            with tempfile.TemporaryDirectory() as tmp:
+                Path(tmp, "metrics.json").write_text(json.dumps(metrics))
+                persisted = storage.persist_current_checkpoint(Checkpoint.from_directory(tmp),
+                                                               f"epoch_{metrics['epoch']:04d}")
+            _in_thread(manager.register_checkpoint,
+                       _TrainingReport(checkpoint=persisted, metrics=dict(metrics), validation=False))
+        run = Path(storage.experiment_fs_path)
+        in_storage = sorted(int(p.name.split("_")[1]) for p in run.glob("epoch_*"))
+        rerun = _in_thread(lambda: CheckpointManager(checkpoint_config=checkpoint_config, storage_context=storage))
+        latest = rerun.latest_checkpoint_result
+        rows = [r.metrics["epoch"] for r in rerun.best_checkpoint_results]
+        return {"in_storage": in_storage, "latest": latest.metrics["epoch"] if latest else None, "rows": rows}
+
+
 # What a student needs to see while a run fails and recovers; the rest is Ray's internals
 # (actor ids, worker metadata, tracebacks of the *other* ranks' broken connections).
 _FAILURE_KEEP = re.compile(
@@ -176,11 +253,14 @@ class FaultToleranceControls(Controls):
     >>> controls = FaultToleranceControls(epochs=4, num_workers=2)
     >>> controls                 # the controls, and what the run will do with them
     >>> controls.faults()        # the fault plan for inject_faults
-    >>> controls.run_config_args()   # max_retries, keep, metric: the arguments of make_run_config
+    >>> controls.run_config_args()   # max_retries, keep, metric, mode: the arguments of make_run_config
     """
 
+    # the score metrics the live run reports, and which end of each is best (None: no score, the most recent)
+    MODES = {"loss": "min", "accuracy": "max", None: "max"}
+
     def __init__(self, epochs: int, num_workers: int, kill_epoch: int | None = 1, raise_epoch: int | None = 2,
-                 max_failures: int | None = 2, keep: int | None = None, metric: str = "loss"):
+                 max_failures: int | None = 2, keep: int | None = None, metric: str | None = "loss"):
         import ipywidgets as w
 
         self.epochs, self.num_workers = int(epochs), int(num_workers)
@@ -195,8 +275,8 @@ class FaultToleranceControls(Controls):
                                     style=STYLE, layout=layout())
         self.keep = w.IntSlider(value=self.epochs if keep is None else int(keep), min=1, max=self.epochs,
                                 description="num_to_keep", style=STYLE, layout=layout())
-        self.metric = w.Dropdown(options=["loss", "accuracy"], value=metric, description="checkpoint score",
-                                 style=STYLE, layout=layout())
+        self.metric = w.Dropdown(options=[("loss", "loss"), ("accuracy", "accuracy"), ("none: the most recent", None)],
+                                 value=metric, description="checkpoint score", style=STYLE, layout=layout())
         self.summary, self.error = w.HTML(), w.HTML()
         self._watch(self.kill_epoch, self.raise_epoch, self.max_failures, self.unlimited, self.keep, self.metric)
         self.widget = w.VBox([w.HTML(f"<b>Fault tolerance</b> &nbsp; {self.epochs} epochs on "
@@ -228,13 +308,27 @@ class FaultToleranceControls(Controls):
         return plan
 
     def run_config_args(self) -> dict:
-        """``max_retries`` (None: no limit), ``keep`` and ``metric``: what ``make_run_config`` takes."""
+        """``max_retries`` (None: no limit), ``keep``, ``metric`` (None: no score) and ``mode`` (which end of the
+        metric is best): what ``make_run_config`` takes."""
         return {"max_retries": None if self.unlimited.value else self.max_failures.value,
-                "keep": self.keep.value, "metric": self.metric.value}
+                "keep": self.keep.value, "metric": self.metric.value, "mode": self.MODES[self.metric.value]}
+
+    def in_storage(self) -> tuple[int, int]:
+        """How many checkpoint folders storage holds when the run ends: (at least, at most).
+
+        Ray Train 2.60 (``CheckpointManager._save_state_and_delete_old_checkpoints``) keeps the ``num_to_keep``
+        best by the score, or the most recent without one, and never deletes the **latest** checkpoint, the one a
+        restart resumes from. With a score the latest may rank below the K best: then it is kept as well, K + 1
+        in all. Without a score the latest is one of the K most recent."""
+        k = min(self.keep.value, self.epochs)
+        extra = 1 if self.metric.value is not None and self.keep.value < self.epochs else 0
+        return k, k + extra
 
     def expected(self) -> dict:
-        """What the run should do: how many failures, whether it finishes, and the epochs each worker group
-        starts at (a restart resumes from the checkpoint of the epoch before the fault)."""
+        """What the run should do: how many failures, whether it finishes, the epochs each worker group starts at
+        (a restart resumes from the checkpoint of the epoch before the fault), and ``kept``: the checkpoints the
+        ``Result`` lists (``best_checkpoints``, one ``metrics_dataframe`` row each), the K best or most recent;
+        storage may hold one more (:meth:`in_storage`)."""
         failures = sorted(e for e in (self.kill_epoch.value, self.raise_epoch.value) if e is not None)
         limit = self.run_config_args()["max_retries"]
         finishes = limit is None or len(failures) <= limit
@@ -257,9 +351,17 @@ class FaultToleranceControls(Controls):
         else:
             outcome = (f"<span style='color:#b00020'>fails</span> at failure {args['max_retries'] + 1} of "
                        f"{e['failures']} ({limit}): <code>result.error</code> says why")
-        order = "lowest" if args["metric"].endswith("loss") else "highest"
-        self.summary.value = (f"The run {outcome}.<br>Storage keeps {e['kept']} checkpoint(s): the {order} "
-                              f"<code>{args['metric']}</code>; <code>metrics_dataframe</code> has {e['kept']} row(s).")
+        low, high = self.in_storage()
+        if args["metric"] is None:
+            which = f"the {e['kept']} most recent (the latest among them)"
+        else:
+            order = "lowest" if args["mode"] == "min" else "highest"
+            which = f"the {e['kept']} with the {order} <code>{args['metric']}</code>"
+            if high > low:
+                which += (", and the latest too when it is not one of them (a restart resumes from it): "
+                          f"{low} or {high} in storage")
+        self.summary.value = (f"The run {outcome}.<br>Kept checkpoints: {which}; <code>metrics_dataframe</code> has "
+                              f"{e['kept']} row(s), one per checkpoint the <code>Result</code> lists.")
 
     def __repr__(self) -> str:
         return (f"FaultToleranceControls(faults={self.faults() if not self.problem() else '?'}, "

@@ -379,7 +379,7 @@ def test_module_04_fault_controls_predict_the_run_and_feed_its_run_config(contex
         expect(summary).to_contain_text("highest accuracy")
         shot(nb.page, "widget-04")
         nb.ask(index, "print('kernel-side:', FAULTS.run_config_args(), FAULTS.expected()['finishes'])",
-               "kernel-side: {'max_retries': 1, 'keep': 4, 'metric': 'accuracy'} False")
+               "kernel-side: {'max_retries': 1, 'keep': 4, 'metric': 'accuracy', 'mode': 'max'} False")
     nb.close()
 
 

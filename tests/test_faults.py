@@ -69,3 +69,52 @@ def test_simulated_restart_hands_out_the_checkpoint():
         assert reports[0].metrics == {"epoch": 3}
     with simulated_restart(checkpoint=None):
         assert ray.train.get_checkpoint() is None
+
+
+def test_a_bucket_checkpoint_is_read_through_as_directory_only():
+    """coursekit.faults.bucket_checkpoint: a checkpoint on storage that is not a local folder. Its path names no local
+    file (code that opens checkpoint.path fails, as on S3); as_directory() downloads it and cleans up after."""
+    from coursekit.faults import bucket_checkpoint
+
+    ckpt = bucket_checkpoint({"state.pt": b"weights", "shards/rng_rank_1.pt": b"rng"}, name="run/epoch_0003")
+    assert ckpt.path == "course-bucket/run/epoch_0003" and not os.path.exists(ckpt.path)
+    with pytest.raises(FileNotFoundError):
+        open(os.path.join(ckpt.path, "state.pt"), "rb")
+    with ckpt.as_directory() as d:
+        assert open(os.path.join(d, "state.pt"), "rb").read() == b"weights"
+        assert open(os.path.join(d, "shards", "rng_rank_1.pt"), "rb").read() == b"rng"
+    assert not os.path.exists(d), "the downloaded copy is gone once the with block ends"
+
+
+@pytest.mark.parametrize("metric, values", [
+    ("loss", [0.9, 0.7, 0.5, 0.4, 0.3]),          # the latest is the best: the 2 best are all storage holds
+    ("loss", [0.9, 0.5, 0.4, 0.6, 0.8]),          # the latest is worse than the 2 best: it is kept as well
+    ("accuracy", [0.5, 0.8, 0.9, 0.7, 0.6]),      # the same with a higher-is-better score
+    (None, [0.9, 0.5, 0.4, 0.6, 0.8]),            # no score: the 2 most recent, the latest among them
+])
+def test_the_fault_controls_say_what_ray_trains_checkpoint_manager_keeps(tmp_path, metric, values):
+    """What the controls announce (the Result's rows, the folders left in storage) is what Ray Train 2.60's own
+    CheckpointManager does with the same CheckpointConfig: the K best (or most recent), and the latest besides."""
+    from ray.train import CheckpointConfig
+
+    from coursekit.faults import FaultToleranceControls, checkpoints_ray_keeps
+
+    controls = FaultToleranceControls(epochs=len(values), num_workers=2, keep=2, metric=metric)
+    args = controls.run_config_args()
+    config = CheckpointConfig(num_to_keep=args["keep"], checkpoint_score_attribute=args["metric"],
+                              checkpoint_score_order=args["mode"])
+    reports = [{"epoch": e, "loss": v, "accuracy": v} for e, v in enumerate(values)]
+    ray = checkpoints_ray_keeps(reports, config, tmp_path, name=f"keep-{metric}")
+    latest = len(values) - 1
+    assert ray["latest"] == latest, f"a restart resumes from the latest checkpoint: {ray}"
+    assert latest in ray["in_storage"], f"the latest checkpoint is never deleted: {ray}"
+    assert len(ray["rows"]) == controls.expected()["kept"], (ray, controls.expected())
+    low, high = controls.in_storage()
+    assert low <= len(ray["in_storage"]) <= high, (ray, controls.in_storage())
+    if metric is None:
+        assert ray["in_storage"] == [latest - 1, latest] == ray["rows"]
+    else:
+        sign = 1 if args["mode"] == "max" else -1
+        best = sorted(range(len(values)), key=lambda e: sign * values[e])[-2:]
+        assert sorted(ray["rows"]) == sorted(best), f"the Result lists the 2 best by {metric}: {ray}"
+        assert ray["in_storage"] == sorted(set(best) | {latest}), f"storage: the 2 best and the latest: {ray}"

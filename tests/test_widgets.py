@@ -31,7 +31,7 @@ def test_the_cpu_split_follows_the_sliders_and_refuses_a_split_that_stalls():
 def test_fault_controls_give_the_plan_the_run_config_and_what_will_happen():
     c = FaultToleranceControls(epochs=4, num_workers=2)
     assert c.faults() == {"kill": {"epoch": 1, "rank": 1}, "raise": {"epoch": 2, "rank": 0}}
-    assert c.run_config_args() == {"max_retries": 2, "keep": 4, "metric": "loss"}
+    assert c.run_config_args() == {"max_retries": 2, "keep": 4, "metric": "loss", "mode": "min"}
     assert c.expected() == {"failures": 2, "finishes": True, "group_starts": [0, 1, 2], "kept": 4}
     c.max_failures.value = 1                       # two failures, one allowed: the second ends the run
     assert c.expected()["finishes"] is False and "fails" in c.summary.value
@@ -39,8 +39,11 @@ def test_fault_controls_give_the_plan_the_run_config_and_what_will_happen():
     assert c.run_config_args()["max_retries"] is None and c.expected()["finishes"] and c.max_failures.disabled
     c.raise_epoch.value, c.keep.value, c.metric.value = None, 2, "accuracy"
     assert c.faults() == {"kill": {"epoch": 1, "rank": 1}}
-    assert c.run_config_args() == {"max_retries": None, "keep": 2, "metric": "accuracy"}
+    assert c.run_config_args() == {"max_retries": None, "keep": 2, "metric": "accuracy", "mode": "max"}
     assert "highest" in c.summary.value and c.expected()["kept"] == 2
+    assert c.in_storage() == (2, 3) and "2 or 3 in storage" in c.summary.value   # the 2 best, and the latest
+    c.metric.value = None                          # no score: the 2 most recent, the latest among them
+    assert c.run_config_args()["metric"] is None and c.in_storage() == (2, 2) and "most recent" in c.summary.value
     c.raise_epoch.value = 1                        # both at epoch 1: one failure of the group, not two
     with pytest.raises(ValueError, match="one failure"):
         c.faults()
