@@ -10,9 +10,10 @@ or RAY_ADDRESS set) it joins the cluster and writes results to shared storage.
 Compare it with ../01_ddp_pytorch/train_ddp.py: no process-group code, no
 DistributedSampler by hand, no torchrun, no rank-0 launch logic.
 
-The training function and the driver's trainer are the notebook's exercises
-(``train_func``, ``scaling_config_for``, ``build_trainer``): finish them in the
-notebook, then copy your answers here where the script raises NotImplementedError.
+The training function, the driver's trainer and the loading of its checkpoint are
+the notebook's exercises (``train_func``, ``scaling_config_for``, ``build_trainer``,
+``load_model``): finish them in the notebook, then copy your answers here where the
+script raises NotImplementedError.
 """
 from __future__ import annotations
 
@@ -77,12 +78,11 @@ def build_trainer(train_func, scaling_config: ScalingConfig, storage_path: str, 
 
 
 def load_model(checkpoint: Checkpoint, model_name: str = "resnet18") -> torch.nn.Module:
-    """A plain (unwrapped) model from a checkpoint, on the CPU, in eval mode."""
-    with checkpoint.as_directory() as ckpt_dir:
-        state = torch.load(os.path.join(ckpt_dir, "model.pt"), map_location="cpu", weights_only=True)
-    model = build_model(model_name)
-    model.load_state_dict(state)
-    return model.eval()
+    """A plain (unwrapped) model from a checkpoint, on the CPU, in eval mode: the notebook's Exercise 4.
+    The checkpoint may be in storage that is not a local folder (``s3://...``), and its model.pt may come
+    from a GPU worker."""
+    # YOUR CODE HERE (the notebook's exercise: finish it there, then copy it here)
+    raise NotImplementedError()
 
 
 def main(argv: list[str] | None = None) -> int:
