@@ -1,18 +1,20 @@
 """Realistic mistakes in module 05 (grade_id -> what a student might write), and right answers written differently.
 
-Every wrong answer below must lose all the points of its exercise's test cell; every RIGHT answer must keep them.
+Every wrong answer below must lose all the points of its exercise's test cells, except the cells named with it
+(``(code, [cells])``: cells that check something the mistake gets right); every RIGHT answer must keep them all.
 """
 WRONG = {
     # shards only the root: the whole model becomes one unit, gathered at once (no peak-memory saving)
+    # (its steps still equal one process: it keeps the training cell)
     "setup_fsdp": (
         "def setup_fsdp(config, device, **fsdp_kwargs):\n"
         "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
         "    model = build_vit_from(config)\n"
         "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
         "    optimizer = torch.optim.AdamW(model.parameters(), lr=config['lr'])\n"
-        "    return model, optimizer\n"),
+        "    return model, optimizer\n", ["test_setup_fsdp_training"]),
     # the DDP habit: every rank saves its shards (dcp.save is a collective), but only rank 0 reports a
-    # checkpoint, so Ray Train's storage gets rank 0's shard and the metadata only
+    # checkpoint, so Ray Train's storage gets rank 0's shard and the metadata only (the save itself was sharded)
     "save_and_report": (
         "def save_and_report(model, optimizer, metrics, directory):\n"
         "    model_state, optim_state = get_state_dict(model, optimizer)\n"
@@ -21,7 +23,7 @@ WRONG = {
         "    if ray.train.get_context().get_world_rank() == 0:\n"
         "        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(directory))\n"
         "    else:\n"
-        "        ray.train.report(metrics, checkpoint=None)\n"),
+        "        ray.train.report(metrics, checkpoint=None)\n", ["test_save_and_report_sharded"]),
     # restores everything but returns the saved epoch: the run trains that epoch twice
     "restore_checkpoint": (
         "def restore_checkpoint(model, optimizer, checkpoint):\n"
@@ -30,13 +32,13 @@ WRONG = {
         "    with checkpoint.as_directory() as d:\n"
         "        dcp.load(state, checkpoint_id=d)\n"
         "    set_state_dict(model, optimizer, model_state_dict=state['model'], optim_state_dict=state['optimizer'])\n"
-        "    return state['epoch']\n"),
+        "    return state['epoch']\n", ["test_restore_checkpoint_optimizer"]),
     # every rank writes the file: with cpu_offload the other ranks hold an empty dict, and on shared storage
-    # they overwrite rank 0's file
+    # they overwrite rank 0's file (rank 0's own file is right)
     "export_full_state_dict": (
         "def export_full_state_dict(model, directory):\n"
         "    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))\n"
-        "    torch.save(state, os.path.join(directory, 'model_full.pt'))\n"),
+        "    torch.save(state, os.path.join(directory, 'model_full.pt'))\n", ["test_export_full_state_dict_weights"]),
 }
 
 MORE_WRONG = [
@@ -50,7 +52,7 @@ MORE_WRONG = [
             "    for block in model.blocks:\n"
             "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
             "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
-            "    return model, optimizer\n"),
+            "    return model, optimizer\n", ["test_setup_fsdp_options"]),
         # the DDP way on every rank: torch.save of the sharded state_dict, no DCP files or metadata
         "save_and_report": (
             "def save_and_report(model, optimizer, metrics, directory):\n"
@@ -64,7 +66,7 @@ MORE_WRONG = [
             "    state = {'model': get_model_state_dict(model), 'epoch': 0}\n"
             "    with checkpoint.as_directory() as d:\n"
             "        dcp.load(state, checkpoint_id=d)\n"
-            "    return state['epoch'] + 1\n"),
+            "    return state['epoch'] + 1\n", ["test_restore_checkpoint"]),
         # rank 0 saves its own sharded state_dict (DTensor shards) without gathering
         "export_full_state_dict": (
             "def export_full_state_dict(model, directory):\n"
@@ -80,12 +82,14 @@ MORE_WRONG = [
             "    for block in model.blocks:\n"
             "        fully_shard(block, mesh=mesh)\n"
             "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
-            "    return model, torch.optim.AdamW(model.parameters(), lr=config['lr'])\n"),
+            "    return model, torch.optim.AdamW(model.parameters(), lr=config['lr'])\n",
+            ["test_setup_fsdp", "test_setup_fsdp_training"]),
         # saves the model only: the optimizer's state is lost
         "save_and_report": (
             "def save_and_report(model, optimizer, metrics, directory):\n"
             "    dcp.save({'model': get_model_state_dict(model), 'epoch': metrics['epoch']}, checkpoint_id=directory)\n"
-            "    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(directory))\n"),
+            "    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(directory))\n",
+            ["test_save_and_report_sharded"]),
         # loads into empty dicts: DCP fills only the keys it is given, so nothing reaches the model
         "restore_checkpoint": (
             "def restore_checkpoint(model, optimizer, checkpoint):\n"
@@ -98,7 +102,8 @@ MORE_WRONG = [
             "def export_full_state_dict(model, directory):\n"
             "    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))\n"
             "    if int(os.environ.get('LOCAL_RANK', 0)) == 0:\n"
-            "        torch.save(state, os.path.join(directory, 'model_full.pt'))\n"),
+            "        torch.save(state, os.path.join(directory, 'model_full.pt'))\n",
+            ["test_export_full_state_dict_weights"]),
     },
     {
         # the workshop's mistake: a CUDA mesh written into the code (fails on every CPU worker)
@@ -136,7 +141,18 @@ MORE_WRONG = [
             "    for block in model.blocks:\n"
             "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
             "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
-            "    return model, torch.optim.AdamW(model.parameters(), lr=config['lr'])\n"),
+            "    return model, torch.optim.AdamW(model.parameters(), lr=config['lr'])\n",
+            ["test_setup_fsdp_options", "test_setup_fsdp_training"]),
+        # every rank gathers the full model and optimizer first, then saves with DCP: it runs and loads back, but
+        # nothing is sharded (each tensor saved whole) and every rank held everything in memory
+        "save_and_report": (
+            "def save_and_report(model, optimizer, metrics, directory):\n"
+            "    options = StateDictOptions(full_state_dict=True)\n"
+            "    model_state, optim_state = get_state_dict(model, optimizer, options=options)\n"
+            "    dcp.save({'model': model_state, 'optimizer': optim_state, 'epoch': metrics['epoch']},\n"
+            "             checkpoint_id=directory)\n"
+            "    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(directory))\n",
+            ["test_save_and_report"]),
         # only rank 0 gathers: the other ranks never join the collective (rank 0 waits for them)
         "export_full_state_dict": (
             "def export_full_state_dict(model, directory):\n"
@@ -165,7 +181,34 @@ MORE_WRONG = [
             "    for block in model.blocks:\n"
             "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
             "    fully_shard(model, mesh=mesh)\n"
-            "    return model, torch.optim.AdamW(model.parameters(), lr=config['lr'])\n"),
+            "    return model, torch.optim.AdamW(model.parameters(), lr=config['lr'])\n",
+            ["test_setup_fsdp", "test_setup_fsdp_training"]),
+        # Exercise 4's gather used for the checkpoint: the full state dicts gathered into rank 0's CPU memory
+        # (cpu_offload=True), then saved with DCP: everything lands in rank 0's file, nothing is sharded
+        "save_and_report": (
+            "def save_and_report(model, optimizer, metrics, directory):\n"
+            "    model_state, optim_state = get_state_dict(\n"
+            "        model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))\n"
+            "    dcp.save({'model': model_state, 'optimizer': optim_state, 'epoch': metrics['epoch']},\n"
+            "             checkpoint_id=directory)\n"
+            "    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(directory))\n",
+            ["test_save_and_report"]),
+    },
+    {
+        # "bf16 training" read as bf16 weights: the model is cast to the policy's dtype before sharding, so the
+        # sharded master weights that AdamW updates are bf16 (small updates round away)
+        "setup_fsdp": (
+            "def setup_fsdp(config, device, **fsdp_kwargs):\n"
+            "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
+            "    model = build_vit_from(config)\n"
+            "    policy = fsdp_kwargs.get('mp_policy')\n"
+            "    if policy is not None and policy.param_dtype is not None:\n"
+            "        model = model.to(policy.param_dtype)\n"
+            "    for block in model.blocks:\n"
+            "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
+            "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
+            "    return model, torch.optim.AdamW(model.parameters(), lr=config['lr'])\n",
+            ["test_setup_fsdp", "test_setup_fsdp_training"]),
     },
 ]
 
