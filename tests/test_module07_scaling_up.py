@@ -133,9 +133,132 @@ def test_the_scripts_hold_no_line_of_any_answer():
     from autograder.release import modules
     from autograder.student_release import _lines, answers
 
-    every = {(m, gid): lines for m in modules() for _, gid, lines in answers(m)}
+    every = {(m, entry[1]): entry[2] for m in modules() for entry in answers(m)}   # (index, grade_id, lines, ...)
     for folder in (MODULE, REPO / "course" / "07_scaling_up"):
         for script in sorted(folder.glob("*.py")):
             text = _lines(script.read_text())
             hits = {f"{m}/{gid}": sorted(text & lines)[:2] for (m, gid), lines in every.items() if text & lines}
             assert not hits, f"{script.relative_to(REPO)} holds lines of answers: {hits}"
+
+
+# ------------------------------------------------------------- the capstone (section 5 of the notebook)
+
+def _code_cells(module: str = "07_scaling_up") -> list[str]:
+    import nbformat
+
+    nb = nbformat.read(MODULE / f"{module}.ipynb", as_version=4)
+    return [c.source for c in nb.cells if c.cell_type == "code"]
+
+
+def _capstone_numbers() -> tuple[int, int]:
+    """(MEMORY_BUDGET, the number of parameters of the colleague's DigitNet), from the notebook's own cells."""
+    import ast
+    import os
+
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.data import DataLoader, RandomSampler
+
+    from coursekit.data import load_digits
+
+    cells = _code_cells()
+    script = next(c for c in cells if c.startswith("class Block(nn.Module):"))
+    budget_cell = next(c for c in cells if c.startswith("MEMORY_BUDGET = "))
+    values = {t.id: ast.literal_eval(node.value) for node in ast.parse(budget_cell).body
+              if isinstance(node, ast.Assign) and len(node.targets) == 1
+              for t in node.targets if isinstance(t, ast.Name) and t.id in ("MEMORY_BUDGET", "CAPSTONE_SHAPE")}
+    namespace = {"torch": torch, "nn": nn, "F": F, "DataLoader": DataLoader, "RandomSampler": RandomSampler,
+                 "load_digits": load_digits, "os": os}
+    exec(compile(script, "capstone-script", "exec"), namespace)
+    net = namespace["build_net"]({**values["CAPSTONE_SHAPE"], "seed": 0})
+    return values["MEMORY_BUDGET"], sum(p.numel() for p in net.parameters())
+
+
+def test_the_capstone_budget_needs_a_sharded_strategy_on_all_four_ranks():
+    """The capstone's premise, by the planner's numbers (fp32, AdamW): one process or a DDP worker is over the
+    budget, so are ZeRO-1 and ZeRO-2 on 4 ranks (whole parameters on every rank); FSDP2 and ZeRO-3 fit on 4 ranks,
+    and nothing fits on 2 (one node). Question 2's answer ("a c") and the notebook's text say exactly this."""
+    from coursekit.planner import predict
+
+    budget, params = _capstone_numbers()
+    per_rank = {(n, s): predict(params, n, s, "fp32")["device"] for n in (1, 2, 4)
+                for s in ("ddp", "zero1", "zero2", "fsdp2", "zero3")}
+    fits = {key for key, held in per_rank.items() if held <= budget}
+    assert fits == {(4, "fsdp2"), (4, "zero3")}, (budget, params, per_rank)
+    assert per_rank[(4, "fsdp2")] < per_rank[(4, "zero3")], "question 2, c: ZeRO-3 holds more than FSDP2 here"
+    assert 16 * params > 2 * budget, "DDP must be far over the budget, not just over it"
+
+
+class _Normalise:
+    """A function's code with every name (variables, arguments, imported functions) replaced by its order of first
+    use and every constant by its type: renaming or re-wording leaves it unchanged."""
+
+    @staticmethod
+    def tokens(function) -> list[str]:
+        import ast
+        import re
+
+        class Rename(ast.NodeTransformer):
+            def __init__(self):
+                self.names = {}
+
+            def _name(self, name):
+                return self.names.setdefault(name, f"n{len(self.names)}")
+
+            def visit_Name(self, node):
+                return ast.copy_location(ast.Name(id=self._name(node.id), ctx=node.ctx), node)
+
+            def visit_arg(self, node):
+                return ast.copy_location(ast.arg(arg=self._name(node.arg)), node)
+
+            def visit_Constant(self, node):
+                return ast.copy_location(ast.Constant(value=type(node.value).__name__), node)
+
+            def visit_FunctionDef(self, node):
+                body = node.body
+                if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                    body = body[1:]                                  # the docstring
+                node.name, node.body, node.decorator_list, node.returns = "f", body, [], None
+                self.generic_visit(node)
+                return node
+
+        tree = Rename().visit(ast.parse(ast.unparse(function)).body[0])
+        return re.findall(r"\w+|[^\w\s]", ast.unparse(tree))
+
+
+def _functions(text: str) -> list:
+    import ast
+
+    return [node for node in ast.walk(ast.parse(text)) if isinstance(node, ast.FunctionDef)]
+
+
+def _similarity(a: list, b: list) -> float:
+    import difflib
+
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+
+
+# At or above this similarity a function counts as the capstone's answer (measured: the answer with its variables
+# renamed 1.0, with the two lines that shard the layers deleted 0.81; a correct port written independently
+# (tests/mistakes/07_scaling_up.py's RIGHT) 0.56; module 07's own FSDP2 script's train_func 0.51).
+SAME_ANSWER = 0.75
+
+
+def test_no_released_script_holds_the_capstone_answer_even_renamed():
+    """No function of any script the course releases (course/*/*.py: module 07's folder and every earlier one) is
+    the capstone's port by the shape of its code, whatever its names: the released FSDP2 script of the comparison
+    trains another model, another way, and must stay far from the answer."""
+    from autograder.samples import solution_answers
+
+    answer = next(f for f in _functions(solution_answers("07_scaling_up")["train_func"]) if f.name == "train_func")
+    shape = _Normalise.tokens(answer)
+    renamed = solution_answers("07_scaling_up")["train_func"].replace("net", "model").replace("adamw", "opt")
+    assert _similarity(shape, _Normalise.tokens(_functions(renamed)[0])) >= 0.99, "the measure ignores names"
+    close = {}
+    for script in sorted((REPO / "course").glob("*/*.py")):
+        for function in _functions(script.read_text()):
+            similarity = _similarity(shape, _Normalise.tokens(function))
+            if similarity >= SAME_ANSWER:
+                close[f"{script.relative_to(REPO)}:{function.name}"] = round(similarity, 2)
+    assert not close, f"released functions shaped like the capstone's answer: {close}"

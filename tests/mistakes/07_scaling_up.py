@@ -1,49 +1,54 @@
 """Realistic mistakes in module 07's capstone (grade_id -> what a student might write).
 
-Each mistake is the port written correctly except for one thing, so that the test cells must catch that one
-thing. ``_PORT`` is a correct port in the reference's shape; the mistakes are edits of it (each edit is checked
-to apply)."""
+The capstone ports a plain script whose model does not fit one worker's memory budget to FSDP2 under Ray Train.
+Each mistake is the port written correctly except for one thing, so that the test cells must catch that one thing.
+``_PORT`` is a correct port in the reference's shape; the mistakes are edits of it (each edit is checked to apply).
+A mistake written as ``(code, cells)`` keeps the points of ``cells``: checks of things it gets right (its pitfall
+is another cell's), and must lose every other ``test_train_func_*`` cell."""
 
 _PORT = '''
 def train_func(config):
     context = ray.train.get_context()
-    world_size = context.get_world_size()
-    net = ray.train.torch.prepare_model(build_net(config))
-    sgd = torch.optim.SGD(net.parameters(), lr=config["lr"], momentum=0.9, weight_decay=config["weight_decay"])
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(sgd, T_max=config["epochs"])
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    device = ray.train.torch.get_device()
+    net = build_net(config).to(device)
+    mesh = init_device_mesh(device.type, (world_size,))
+    for layer in net.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    adamw = torch.optim.AdamW(net.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
+    first_epoch = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint:
+        weights, optimizer_state = get_state_dict(net, adamw)
+        state = {"model": weights, "optimizer": optimizer_state, "epoch": -1}
+        with checkpoint.as_directory() as folder:
+            dcp.load(state, checkpoint_id=folder)
+        set_state_dict(net, adamw, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        first_epoch = state["epoch"] + 1
     train_set = load_digits(train=True, limit=config["train_samples"], quiet=True).dataset()
-    loader = DataLoader(train_set, batch_size=config["batch_size"] // world_size, shuffle=True, drop_last=True)
-    loader = ray.train.torch.prepare_data_loader(loader)
-    for epoch in range(config["epochs"]):
-        if world_size > 1:
-            loader.sampler.set_epoch(epoch)
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=config["seed"])
+    batches = DataLoader(train_set, batch_size=config["batch_size"] // world_size, sampler=sampler, drop_last=True)
+    for epoch in range(first_epoch, config["epochs"]):
+        sampler.set_epoch(epoch)
         net.train()
-        total = torch.zeros(2, device=ray.train.torch.get_device())
-        for images, labels in loader:
-            loss = F.cross_entropy(net(images), labels, label_smoothing=config["label_smoothing"])
-            sgd.zero_grad()
+        totals = torch.zeros(2, device=device)
+        for images, labels in batches:
+            images, labels = images.to(device), labels.to(device)
+            loss = F.cross_entropy(net(images), labels)
+            adamw.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), config["max_grad_norm"])
-            sgd.step()
-            total += torch.tensor([loss.item() * len(labels), len(labels)], device=total.device)
-        schedule.step()
-        dist.all_reduce(total)
-        metrics = {"epoch": epoch, "loss": (total[0] / total[1]).item()}
-        with tempfile.TemporaryDirectory() as tmp:
-            checkpoint = None
-            if context.get_world_rank() == 0:
-                torch.save({"model": net.module.state_dict(), "optimizer": sgd.state_dict(),
-                            "scheduler": schedule.state_dict(), "epoch": epoch}, os.path.join(tmp, "checkpoint.pt"))
-                checkpoint = Checkpoint.from_directory(tmp)
-            ray.train.report(metrics, checkpoint=checkpoint)
+            adamw.step()
+            totals += torch.tensor([loss.item() * len(labels), len(labels)], device=device)
+        dist.all_reduce(totals)
+        metrics = {"epoch": epoch, "loss": (totals[0] / totals[1]).item()}
+        with tempfile.TemporaryDirectory() as folder:
+            weights, optimizer_state = get_state_dict(net, adamw)
+            dcp.save({"model": weights, "optimizer": optimizer_state, "epoch": epoch}, checkpoint_id=folder)
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
 '''
 
-_DRIVER = '''
-def build_trainer(train_loop, config, num_workers, use_gpu, cpus_per_worker, storage, name):
-    scaling = ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus_per_worker})
-    run = RunConfig(name=name, storage_path=storage, checkpoint_config=CheckpointConfig(num_to_keep=2))
-    return TorchTrainer(train_loop, train_loop_config=config, scaling_config=scaling, run_config=run)
-'''
+CELLS = ("matches_one_process", "loss", "memory_budget", "layers_sharded", "checkpoint", "resume", "one_worker")
 
 
 def _edit(code: str, old: str, new: str) -> str:
@@ -51,119 +56,178 @@ def _edit(code: str, old: str, new: str) -> str:
     return code.replace(old, new)
 
 
-# --- train_func ------------------------------------------------------------------------------
-# forgets set_epoch: every epoch visits the examples in epoch 0's order
-NO_SET_EPOCH = _edit(_PORT, "        if world_size > 1:\n            loader.sampler.set_epoch(epoch)\n", "")
-# gives every worker the script's global batch (N x the examples per step, N x fewer steps)
-GLOBAL_BATCH = _edit(_PORT, 'batch_size=config["batch_size"] // world_size', 'batch_size=config["batch_size"]')
-# divides the global batch by the workers of its own node: right on one node, wrong on several
-LOCAL_BATCH = _edit(_PORT, 'batch_size=config["batch_size"] // world_size',
-                    'batch_size=config["batch_size"] // context.get_local_world_size()')
-# checkpoints on every worker (the DDP habit taken from FSDP: N copies of the same file)
-EVERY_RANK_CHECKPOINTS = _edit(_PORT, "            if context.get_world_rank() == 0:\n",
-                               "            if True:\n")
-# rank 0 of each node checkpoints: the local rank mistaken for the world rank
-LOCAL_RANK_CHECKPOINTS = _edit(_PORT, "context.get_world_rank() == 0", "context.get_local_rank() == 0")
+def _keeps(code: str, *lost: str):
+    """The mistake with every test_train_func_* cell kept except those of ``lost`` (its pitfall)."""
+    assert set(lost) <= set(CELLS), lost
+    return code, [f"test_train_func_{c}" for c in CELLS if c not in lost]
+
+
+# --- the strategy ------------------------------------------------------------------------------------------------
+# the module-02 port the old capstone asked for: DDP (prepare_model) and a rank-0 checkpoint; it computes the
+# script's weights and loss, but every rank holds the whole model, and it never resumes
+DDP_PORT = _keeps('''
+def train_func(config):
+    context = ray.train.get_context()
+    world_size = context.get_world_size()
+    net = ray.train.torch.prepare_model(build_net(config))
+    adamw = torch.optim.AdamW(net.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
+    train_set = load_digits(train=True, limit=config["train_samples"], quiet=True).dataset()
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=context.get_world_rank(),
+                                 seed=config["seed"])
+    batches = DataLoader(train_set, batch_size=config["batch_size"] // world_size, sampler=sampler, drop_last=True)
+    for epoch in range(config["epochs"]):
+        sampler.set_epoch(epoch)
+        totals = torch.zeros(2)
+        for images, labels in batches:
+            loss = F.cross_entropy(net(images), labels)
+            adamw.zero_grad()
+            loss.backward()
+            adamw.step()
+            totals += torch.tensor([loss.item() * len(labels), len(labels)])
+        dist.all_reduce(totals)
+        with tempfile.TemporaryDirectory() as folder:
+            checkpoint = None
+            if context.get_world_rank() == 0:
+                torch.save({"model": getattr(net, "module", net).state_dict(), "optimizer": adamw.state_dict(),
+                            "epoch": epoch}, os.path.join(folder, "checkpoint.pt"))
+                checkpoint = Checkpoint.from_directory(folder)
+            ray.train.report({"epoch": epoch, "loss": (totals[0] / totals[1]).item()}, checkpoint=checkpoint)
+''', "memory_budget", "layers_sharded", "checkpoint", "resume")
+# one fully_shard on the root only: parameters, gradients and AdamW's state are sharded between steps (under the
+# budget), but the forward pass gathers every layer at once
+ROOT_ONLY = _keeps(_edit(_PORT, "    for layer in net.layers:\n        fully_shard(layer, mesh=mesh)\n", ""),
+                   "layers_sharded")
+# keeps every layer gathered after its forward pass (the option module 05 showed for speed)
+NO_RESHARD = _keeps(_edit(_PORT, "fully_shard(layer, mesh=mesh)", "fully_shard(layer, mesh=mesh, reshard_after_forward=False)"),
+                    "layers_sharded")
+# AdamW built before sharding: it holds the tensors fully_shard replaced, and the model never learns
+OPTIMIZER_FIRST = _keeps(_edit(_edit(
+    _PORT, '    adamw = torch.optim.AdamW(net.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])\n', ""),
+    "    mesh = init_device_mesh(",
+    '    adamw = torch.optim.AdamW(net.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])\n'
+    "    mesh = init_device_mesh("), "matches_one_process", "loss", "memory_budget", "resume")
+# the mesh written for a GPU machine's device... for this one: a literal device type
+LITERAL_DEVICE = _keeps(_edit(_PORT, "init_device_mesh(device.type, (world_size,))", 'init_device_mesh("cpu", (world_size,))'),
+                        "layers_sharded")
+
+# --- data and loss -----------------------------------------------------------------------------------------------
+# every worker takes the script's global batch: 4 x the examples per step, 4 x fewer steps
+GLOBAL_BATCH = _keeps(_edit(_PORT, 'batch_size=config["batch_size"] // world_size', 'batch_size=config["batch_size"]'),
+                      "matches_one_process", "loss", "resume")
 # reports its own shard's loss: no all-reduce
-LOSS_NOT_AVERAGED = _edit(_PORT, "        dist.all_reduce(total)\n", "")
-# all-reduces the workers' mean losses and forgets to divide by the number of workers
-LOSS_SUMMED = _edit(_PORT, '''        dist.all_reduce(total)
-        metrics = {"epoch": epoch, "loss": (total[0] / total[1]).item()}''', '''        mean = total[0:1] / total[1]
-        dist.all_reduce(mean)
-        metrics = {"epoch": epoch, "loss": mean.item()}''')
-# shards the data but never wraps the model in DDP: gradients are not averaged, the workers drift apart
-MODEL_NOT_PREPARED = _edit(_edit(_PORT, "net = ray.train.torch.prepare_model(build_net(config))",
-                                 "net = build_net(config)"),
-                           '"model": net.module.state_dict()', '"model": net.state_dict()')
-# saves DDP's state dict: every key starts with 'module.', the plain model cannot load it
-WRAPPED_STATE_DICT = _edit(_PORT, '"model": net.module.state_dict()', '"model": net.state_dict()')
-# only rank 0 calls ray.train.report (on Ray Train the other workers' reports are what the run waits for)
-ONLY_RANK0_REPORTS = _edit(_PORT, '''                checkpoint = Checkpoint.from_directory(tmp)
-            ray.train.report(metrics, checkpoint=checkpoint)''', '''                checkpoint = Checkpoint.from_directory(tmp)
-                ray.train.report(metrics, checkpoint=checkpoint)''')
+LOSS_NOT_AVERAGED = _keeps(_edit(_PORT, "        dist.all_reduce(totals)\n", ""), "loss")
+# prepare_data_loader's sampler told the epoch without a guard: with one worker there is no DistributedSampler
+UNGUARDED_SET_EPOCH = _keeps(_edit(_edit(
+    _PORT, '''    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=config["seed"])
+    batches = DataLoader(train_set, batch_size=config["batch_size"] // world_size, sampler=sampler, drop_last=True)''',
+    '''    batches = ray.train.torch.prepare_data_loader(
+        DataLoader(train_set, batch_size=config["batch_size"] // world_size, shuffle=True, drop_last=True))'''),
+    "        sampler.set_epoch(epoch)\n", "        batches.sampler.set_epoch(epoch)\n"), "one_worker")
 
-# --- build_trainer ---------------------------------------------------------------------------
-# forgets the storage: the run goes to the default local folder (each node's own ~/ray_results)
-NO_STORAGE = _edit(_DRIVER, "storage_path=storage, ", "")
-# ignores cpus_per_worker (a GPU worker then reserves no CPU for its data loading)
-NO_CPUS = _edit(_DRIVER, ', resources_per_worker={"CPU": cpus_per_worker}', "")
-# keeps every checkpoint
-NO_NUM_TO_KEEP = _edit(_DRIVER, ", checkpoint_config=CheckpointConfig(num_to_keep=2)", "")
-# always asks for a GPU in the resources (fails on CPU workers: use_gpu=False with a GPU resource)
-GPU_ALWAYS = _edit(_DRIVER, 'resources_per_worker={"CPU": cpus_per_worker}',
-                   'resources_per_worker={"CPU": cpus_per_worker, "GPU": 1}')
-# hard-codes the GPU choice of the machine it was written on
-USE_GPU_IGNORED = _edit(_DRIVER, "use_gpu=use_gpu", "use_gpu=False")
+# --- checkpoints -------------------------------------------------------------------------------------------------
+# the DDP habit: only rank 0 saves, with torch.save, its own model.state_dict() (its shards of each DTensor)
+RANK0_TORCH_SAVE = _keeps(_edit(_PORT, '''            weights, optimizer_state = get_state_dict(net, adamw)
+            dcp.save({"model": weights, "optimizer": optimizer_state, "epoch": epoch}, checkpoint_id=folder)
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))''', '''            checkpoint = None
+            if rank == 0:
+                torch.save({"model": net.state_dict(), "optimizer": adamw.state_dict(), "epoch": epoch},
+                           os.path.join(folder, "checkpoint.pt"))
+                checkpoint = Checkpoint.from_directory(folder)
+            ray.train.report(metrics, checkpoint=checkpoint)'''), "checkpoint", "resume", "one_worker")
+# only rank 0 calls the collective DCP save (on a cluster it waits forever for the others)
+RANK0_DCP_SAVE = _keeps(_edit(_PORT, '''            dcp.save({"model": weights, "optimizer": optimizer_state, "epoch": epoch}, checkpoint_id=folder)
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))''', '''            if rank == 0:
+                dcp.save({"model": weights, "optimizer": optimizer_state, "epoch": epoch}, checkpoint_id=folder)
+                ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
+            else:
+                ray.train.report(metrics)'''), "checkpoint", "resume")
+# every rank gathers the full state dict (module 05's export for inference) and saves it with DCP: no rank may
+# hold the whole model, and the checkpoint holds whole tensors
+FULL_STATE_EVERY_RANK = _keeps(_edit(_PORT, '''            weights, optimizer_state = get_state_dict(net, adamw)
+            dcp.save(''', '''            weights, optimizer_state = get_state_dict(net, adamw, options=StateDictOptions(full_state_dict=True))
+            dcp.save('''), "checkpoint")
+# ignores the checkpoint Ray Train hands back: a restarted run starts again from epoch 0
+NO_RESUME = _keeps(_edit(_PORT, "    checkpoint = ray.train.get_checkpoint()\n", "    checkpoint = None\n"), "resume")
+# resumes the weights only: AdamW's moments and step count start again
+RESUME_MODEL_ONLY = _keeps(_edit(_edit(
+    _PORT, '''        weights, optimizer_state = get_state_dict(net, adamw)
+        state = {"model": weights, "optimizer": optimizer_state, "epoch": -1}''',
+    '''        state = {"model": get_state_dict(net, adamw)[0], "epoch": -1}'''),
+    '''        set_state_dict(net, adamw, model_state_dict=state["model"], optim_state_dict=state["optimizer"])''',
+    '''        net.load_state_dict(state["model"])'''), "resume")
 
-WRONG = {"train_func": NO_SET_EPOCH, "build_trainer": NO_STORAGE}
+WRONG = {"train_func": DDP_PORT, "concept_when_to_shard": 'CONCEPT_WHEN_TO_SHARD = "a b c"',
+         "concept_shared_storage": 'CONCEPT_SHARED_STORAGE = "b"'}
 
 MORE_WRONG = [
-    {"train_func": GLOBAL_BATCH, "build_trainer": NO_CPUS},
-    {"train_func": EVERY_RANK_CHECKPOINTS, "build_trainer": NO_NUM_TO_KEEP},
-    {"train_func": LOSS_NOT_AVERAGED, "build_trainer": GPU_ALWAYS},
-    {"train_func": MODEL_NOT_PREPARED, "build_trainer": USE_GPU_IGNORED},
-    {"train_func": LOCAL_RANK_CHECKPOINTS},
-    {"train_func": WRAPPED_STATE_DICT},
-    {"train_func": ONLY_RANK0_REPORTS},
-    {"train_func": LOCAL_BATCH},
-    {"train_func": LOSS_SUMMED},
+    {"train_func": ROOT_ONLY, "concept_cluster_layout": 'CONCEPT_CLUSTER_LAYOUT = "a c d"'},
+    {"train_func": OPTIMIZER_FIRST, "concept_job_submission": 'CONCEPT_JOB_SUBMISSION = "a c"'},
+    {"train_func": GLOBAL_BATCH, "concept_when_to_shard": 'CONCEPT_WHEN_TO_SHARD = "a"'},
+    {"train_func": LOSS_NOT_AVERAGED},
+    {"train_func": UNGUARDED_SET_EPOCH},
+    {"train_func": RANK0_TORCH_SAVE},
+    {"train_func": RANK0_DCP_SAVE},
+    {"train_func": FULL_STATE_EVERY_RANK},
+    {"train_func": NO_RESUME},
+    {"train_func": RESUME_MODEL_ONLY},
+    {"train_func": NO_RESHARD},
+    {"train_func": LITERAL_DEVICE},
 ]
 
-# Correct, written differently from the reference: DDP and the DistributedSampler by hand, the rank from
-# torch.distributed, the loss summed as tensors, reports without a checkpoint argument on the other ranks; a
-# driver with keyword arguments and the GPU spelled out in the resources.
+# Correct, written differently from the reference: prepare_data_loader's sampler (told the epoch only where it
+# exists), the rank and world size from torch.distributed, get_checkpoint imported by name, fully_shard with its
+# default spelled out, the model's and the optimizer's state dicts through their own functions, the loss summed as
+# tensors, a folder from mkdtemp; answers to the questions written with commas and capitals.
 RIGHT = {
     "train_func": '''
-from torch.nn.parallel import DistributedDataParallel
+from ray.train import get_checkpoint
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
 
 
 def train_func(config):
-    rank, world = dist.get_rank(), dist.get_world_size()
+    world = dist.get_world_size()
     device = ray.train.torch.get_device()
-    model = DistributedDataParallel(build_net(config).to(device))
-    optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9,
-                                weight_decay=config["weight_decay"])
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=config["epochs"])
+    model = build_net(config)
+    ranks = init_device_mesh(ray.train.torch.get_device().type, mesh_shape=(world,))
+    for block in model.layers:
+        fully_shard(block, mesh=ranks, reshard_after_forward=True)
+    model = fully_shard(model, mesh=ranks)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
+    start = 0
+    restored = get_checkpoint()
+    if restored is not None:
+        state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer),
+                 "epoch": 0}
+        with restored.as_directory() as path:
+            dcp.load(state, checkpoint_id=path)
+        set_model_state_dict(model, state["model"])
+        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+        start = int(state["epoch"]) + 1
     data = load_digits(train=True, limit=config["train_samples"], quiet=True).dataset()
-    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=config["seed"])
-    loader = DataLoader(data, batch_size=config["batch_size"] // world, sampler=sampler, drop_last=True)
-    for epoch in range(config["epochs"]):
-        sampler.set_epoch(epoch)
-        model.train()
+    loader = ray.train.torch.prepare_data_loader(
+        DataLoader(data, batch_size=config["batch_size"] // world, shuffle=True, drop_last=True))
+    for epoch in range(start, config["epochs"]):
+        if isinstance(loader.sampler, DistributedSampler):
+            loader.sampler.set_epoch(epoch)
         loss_total = torch.zeros((), device=device)
         examples = torch.zeros((), device=device)
         for x, y in loader:
-            x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(x), y, label_smoothing=config["label_smoothing"])
+            loss = F.cross_entropy(model(x), y)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=config["max_grad_norm"])
             optimizer.step()
             loss_total += loss.detach() * y.shape[0]
             examples += y.shape[0]
-        scheduler.step()
         both = torch.stack([loss_total, examples])
         dist.all_reduce(both, op=dist.ReduceOp.SUM)
-        mean_loss = float(both[0] / both[1])
-        if rank == 0:
-            folder = tempfile.mkdtemp()
-            torch.save({"epoch": epoch, "model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict()}, os.path.join(folder, "checkpoint.pt"))
-            ray.train.report({"loss": mean_loss, "epoch": epoch}, checkpoint=Checkpoint.from_directory(folder))
-        else:
-            ray.train.report({"loss": mean_loss, "epoch": epoch})
+        folder = tempfile.mkdtemp()
+        dcp.save({"epoch": epoch, "model": get_model_state_dict(model),
+                  "optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=folder)
+        ray.train.report({"loss": float(both[0] / both[1]), "epoch": epoch}, checkpoint=Checkpoint.from_directory(folder))
 ''',
-    "build_trainer": '''
-def build_trainer(train_loop, config, num_workers, use_gpu, cpus_per_worker, storage, name):
-    resources = {"CPU": cpus_per_worker}
-    if use_gpu:
-        resources["GPU"] = 1
-    return TorchTrainer(
-        train_loop_per_worker=train_loop,
-        train_loop_config=config,
-        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, resources_per_worker=resources),
-        run_config=RunConfig(storage_path=storage, name=name,
-                             checkpoint_config=CheckpointConfig(num_to_keep=2)),
-    )
-''',
+    "concept_when_to_shard": 'CONCEPT_WHEN_TO_SHARD = "C, A"',
+    "concept_cluster_layout": 'CONCEPT_CLUSTER_LAYOUT = "c,a"',
+    "concept_shared_storage": 'CONCEPT_SHARED_STORAGE = "A"',
+    "concept_job_submission": 'CONCEPT_JOB_SUBMISSION = "c b a"',
 }
