@@ -32,3 +32,83 @@ def test_impossible_scaling_is_refused_with_a_clear_message(args, message):
     proc = subprocess.run([PY, "train_ray_ddp.py", "--smoke-test", *args], cwd=SCRIPT_DIR,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+
+
+EXERCISES = ("train_func", "scaling_config_for", "build_trainer", "load_model")
+
+
+def test_the_released_script_stubs_every_exercise_of_the_notebook():
+    """course/'s copy of the script raises NotImplementedError in each function the notebook asks for (a student
+    copies the answers in), and the notebook's exercises are exactly those functions."""
+    import ast
+
+    import nbformat
+
+    module = "02_ray_train"
+    nb = nbformat.read(REPO / "solutions" / module / f"{module}.ipynb", as_version=4)
+    exercises = {c.metadata["nbgrader"]["grade_id"] for c in nb.cells
+                 if c.metadata.get("nbgrader", {}).get("solution") and "CONCEPT_" not in c.source}
+    assert exercises == set(EXERCISES), exercises
+    released = ast.parse((REPO / "course" / module / "train_ray_ddp.py").read_text())
+    functions = {f.name: f for f in released.body if isinstance(f, ast.FunctionDef)}
+    for name in EXERCISES:
+        last = functions[name].body[-1]
+        assert isinstance(last, ast.Raise) and "NotImplementedError" in ast.unparse(last), (
+            f"course/{module}/train_ray_ddp.py: {name} should end with raise NotImplementedError(), not "
+            f"{ast.unparse(last)!r}")
+
+
+@pytest.fixture(scope="module")
+def script():
+    """The reference script (solutions/), imported as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_ray_ddp_reference", SCRIPT_DIR / "train_ray_ddp.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_load_model_reads_a_checkpoint_in_storage_that_is_not_a_local_folder(script, tmp_path, monkeypatch):
+    """The script's load_model on what a cluster gives it: a checkpoint in a bucket-like filesystem (a pyarrow
+    SubTreeFileSystem and an fsspec in-memory one, where ``checkpoint.path`` is no local folder) and a model.pt
+    written on a GPU worker (tensors marked cuda:0), on a machine without a GPU."""
+    import io
+    import uuid
+    from unittest import mock
+
+    import pyarrow.fs
+    import torch
+    from fsspec.implementations.memory import MemoryFileSystem
+    from ray.train import Checkpoint
+
+    from coursekit.models import build_model
+
+    torch.manual_seed(0)
+    state = build_model("small_cnn").state_dict()
+    buffer = io.BytesIO()
+    with mock.patch("torch.serialization.location_tag", lambda storage: "cuda:0"):   # as a GPU worker saves it
+        torch.save(state, buffer)
+    monkeypatch.chdir(tmp_path)   # a relative checkpoint.path must not exist here by chance
+    in_memory = pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(MemoryFileSystem()))
+    for filesystem, folder in [(pyarrow.fs.SubTreeFileSystem(str(tmp_path / "bucket"), pyarrow.fs.LocalFileSystem()),
+                                "runs/nightly/checkpoint_000001"),
+                               (in_memory, f"/runs/{uuid.uuid4().hex}/checkpoint_000002")]:
+        filesystem.create_dir(folder)
+        with filesystem.open_output_stream(f"{folder}/model.pt") as f:
+            f.write(buffer.getvalue())
+        with mock.patch("torch.cuda.is_available", lambda: False):
+            model = script.load_model(Checkpoint(path=folder, filesystem=filesystem), "small_cnn")
+        assert type(model) is torch.nn.Sequential and not model.training
+        assert all(torch.equal(model.state_dict()[k], v) and model.state_dict()[k].device.type == "cpu"
+                   for k, v in state.items())
+
+
+def test_build_trainer_hands_a_storage_uri_on_as_it_is(script):
+    """s3:// and gs:// storage reaches RunConfig unchanged (pathlib or abspath would make it a local folder)."""
+    from ray.train import ScalingConfig
+
+    for uri in ("s3://course-bucket/runs", "gs://course-bucket/ray-train-course"):
+        trainer = script.build_trainer(lambda config: None, ScalingConfig(num_workers=2), uri, "run", {},
+                                       num_to_keep=1, score_attribute="loss", score_order="min")
+        assert (trainer.run_config.storage_path, trainer.run_config.name) == (uri, "run")
