@@ -99,3 +99,62 @@ def test_zero_stage_trains_like_ddp_and_matches_the_memory_model(stage, ddp_loss
     if stage == 3:
         full = zero_bytes(n, 1, 0, "fp32")
         assert sum(ranks[0][1][k] for k in ("params", "grads", "optimizer")) < 0.7 * sum(full.values())
+
+
+def _bf16(rank, world_size):
+    """A bf16 ZeRO-1 engine on the CPU accelerator, as module 06's hidden test of Exercise 2 builds it."""
+    import deepspeed
+    from coursekit.distributed import deepspeed_pytorch_ops_only
+
+    deepspeed_pytorch_ops_only()
+    torch.manual_seed(0)
+    model = ViT(**SHAPE)
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
+        config={"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2, "steps_per_print": 10**9,
+                "zero_optimization": {"stage": 1}, "bf16": {"enabled": True}})
+    images, labels = _batch(0, 0, rank, world_size)
+    logits = engine(images.to(torch.bfloat16))
+    in_bf16, in_fp32 = F.cross_entropy(logits, labels), F.cross_entropy(logits.float(), labels)
+    for micro in range(2):
+        images, labels = _batch(0, micro, rank, world_size)
+        engine.backward(F.cross_entropy(engine(images.to(torch.bfloat16)).float(), labels))
+        engine.step()
+    zero = engine.optimizer
+    moments = {v.dtype for s in zero.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()}
+    return (engine.global_steps, next(engine.module.parameters()).dtype, logits.dtype, in_bf16.dtype,
+            abs(in_bf16.item() - in_fp32.item()), zero.single_partition_of_fp32_groups[0].dtype, moments)
+
+
+def test_bf16_engine_trains_on_the_cpu_accelerator_with_fp32_master_weights():
+    # module 06 grades train_micro_batches on a bf16 engine and shows these dtypes (concept question 3)
+    steps, weights, logits, loss, rounding, master, moments = run_distributed(_bf16, 2, timeout_s=300)[0]
+    assert steps == 1 and weights == logits == loss == torch.bfloat16
+    assert master == torch.float32 and moments == {torch.float32}
+    assert rounding > 1e-4, "a loss computed in bf16 differs from the fp32 one visibly"
+
+
+def _zero3_files(rank, world_size, root):
+    import deepspeed
+    from coursekit.distributed import deepspeed_pytorch_ops_only
+
+    deepspeed_pytorch_ops_only()
+    torch.manual_seed(0)
+    model = ViT(**SHAPE)
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
+        config={"train_micro_batch_size_per_gpu": MICRO, "steps_per_print": 10**9,
+                "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})
+    images, labels = _batch(0, 0, rank, world_size)
+    engine.backward(F.cross_entropy(engine(images), labels))
+    engine.step()
+    engine.save_checkpoint(root, tag="t")
+
+
+def test_zero3_checkpoint_files_hold_only_partitions(tmp_path):
+    # module 06's concept question 5: under ZeRO-3 no file holds a whole parameter
+    run_distributed(_zero3_files, 2, str(tmp_path), timeout_s=300)
+    names = sorted(p.name for p in (tmp_path / "t").iterdir())
+    assert names == [f"zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt" for r in (0, 1) for kind in ("model", "optim")]
+    states = torch.load(tmp_path / "t" / names[0], map_location="cpu", weights_only=False)
+    assert all(v.numel() == 0 for v in states["module"].values()), "placeholders only"

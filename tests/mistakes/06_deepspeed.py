@@ -2,7 +2,8 @@
 
 WRONG is one student with a mistake in every code exercise (partial credit: the concept questions and nothing
 else); each MORE_WRONG dict is one more student; RIGHT answers every exercise correctly but differently from the
-reference (full marks). Note: DeepSpeed 0.19 supports `loss.backward()` on a loss computed from `engine(x)` (it
+reference (full marks). A mistake written as ``(code, [cells])`` keeps the points of those test cells (they check
+something it gets right) and must lose all the others of its exercise. Note: DeepSpeed 0.19 supports `loss.backward()` on a loss computed from `engine(x)` (it
 hooks the engine's output and scales by the accumulation steps), so that is not a mistake here; computing the
 forward pass with `engine.module` is (ZeRO-3 trains differently).
 """
@@ -44,7 +45,7 @@ WRONG = {
         "def restore_checkpoint(engine, checkpoint):\n"
         "    with checkpoint.as_directory() as directory:\n"
         "        _, client_state = engine.load_checkpoint(directory)\n"
-        "    return client_state['epoch']\n"),
+        "    return client_state['epoch']\n", ["test_restore_checkpoint_optimizer"]),
 }
 
 _CONFIG_HEAD = (
@@ -54,7 +55,7 @@ _CONFIG_HEAD = (
 MORE_WRONG = [
     {
         # the config block is built but never used: the stage and offload go into a copy, the engine runs stage 0
-        "build_engine": _CONFIG_HEAD + (
+        "build_engine": (_CONFIG_HEAD +
             "    ds_config = {'train_batch_size': global_batch_size, 'train_micro_batch_size_per_gpu': micro_batch_size,\n"
             "                 'gradient_accumulation_steps': global_batch_size // (micro_batch_size * world_size),\n"
             "                 'optimizer': {'type': 'AdamW', 'params': {'lr': lr, 'torch_adam': True}},\n"
@@ -65,7 +66,7 @@ MORE_WRONG = [
             "    if offload_optimizer:\n"
             "        zero['offload_optimizer'] = {'device': 'cpu'}\n"
             "    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)\n"
-            "    return engine\n"),
+            "    return engine\n", ["test_build_engine_training"]),   # stage 0 trains like DDP too
         # the optimizer stepped by hand, outside the engine (every micro-batch, and past ZeRO's bookkeeping)
         "train_micro_batches": (
             "def train_micro_batches(engine, batches):\n"
@@ -90,11 +91,11 @@ MORE_WRONG = [
             "def restore_checkpoint(engine, checkpoint):\n"
             "    with checkpoint.as_directory() as directory:\n"
             "        _, client_state = engine.load_checkpoint(directory, load_module_only=True)\n"
-            "    return client_state['epoch'] + 1\n"),
+            "    return client_state['epoch'] + 1\n", ["test_restore_checkpoint"]),
     },
     {
         # accumulation ignored: the accumulation steps computed without the world size (DeepSpeed refuses 24 != 6 x 4 x 2)
-        "build_engine": _CONFIG_HEAD + (
+        "build_engine": (_CONFIG_HEAD +
             "    zero = {'stage': stage}\n"
             "    if offload_optimizer:\n"
             "        zero['offload_optimizer'] = {'device': 'cpu'}\n"
@@ -136,7 +137,7 @@ MORE_WRONG = [
     },
     {
         # copied the module-07 habit of turning clipping off: trains differently from DDP with clipping (hidden test)
-        "build_engine": _CONFIG_HEAD + (
+        "build_engine": (_CONFIG_HEAD +
             "    zero = {'stage': stage}\n"
             "    if offload_optimizer:\n"
             "        zero['offload_optimizer'] = {'device': 'cpu'}\n"
@@ -145,7 +146,7 @@ MORE_WRONG = [
             "              'zero_optimization': zero, 'zero_force_ds_cpu_optimizer': False, 'gradient_clipping': 0.0,\n"
             "              'bf16': {'enabled': bf16}, 'steps_per_print': 10**9}\n"
             "    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)\n"
-            "    return engine\n"),
+            "    return engine\n", ["test_build_engine"]),
         # the forward pass through the wrapped module, not the engine (ZeRO-3 then trains differently: hidden test)
         "train_micro_batches": (
             "def train_micro_batches(engine, batches):\n"
@@ -155,7 +156,7 @@ MORE_WRONG = [
             "        engine.backward(loss)\n"
             "        engine.step()\n"
             "        losses.append(loss.item())\n"
-            "    return sum(losses) / len(losses)\n"),
+            "    return sum(losses) / len(losses)\n", ["test_train_micro_batches", "test_train_micro_batches_bf16"]),
         # reports before saving: the reported directory is still empty (hidden test)
         "save_and_report": (
             "def save_and_report(engine, metrics, directory):\n"
@@ -166,18 +167,18 @@ MORE_WRONG = [
             "def restore_checkpoint(engine, checkpoint):\n"
             "    with checkpoint.as_directory() as directory:\n"
             "        _, client_state = engine.load_checkpoint(directory, load_optimizer_states=False)\n"
-            "    return client_state['epoch'] + 1\n"),
+            "    return client_state['epoch'] + 1\n", ["test_restore_checkpoint"]),
     },
     {
         # bf16 and offload never reach the config (visible check passes, hidden test fails)
-        "build_engine": _CONFIG_HEAD + (
+        "build_engine": (_CONFIG_HEAD +
             "    config = {'train_batch_size': global_batch_size, 'train_micro_batch_size_per_gpu': micro_batch_size,\n"
             "              'gradient_accumulation_steps': global_batch_size // (micro_batch_size * world_size),\n"
             "              'optimizer': {'type': 'AdamW', 'params': {'lr': lr, 'torch_adam': True}},\n"
             "              'zero_optimization': {'stage': stage}, 'zero_force_ds_cpu_optimizer': False,\n"
             "              'steps_per_print': 10**9}\n"
             "    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)\n"
-            "    return engine\n"),
+            "    return engine\n", ["test_build_engine_training"]),
         # returns what engine.backward returns: the loss already divided by the accumulation steps (hidden test)
         "train_micro_batches": (
             "def train_micro_batches(engine, batches):\n"
@@ -186,7 +187,7 @@ MORE_WRONG = [
             "        loss = engine.backward(F.cross_entropy(engine(images), labels))\n"
             "        engine.step()\n"
             "        total, count = total + loss.item(), count + 1\n"
-            "    return total / count\n"),
+            "    return total / count\n", ["test_train_micro_batches", "test_train_micro_batches_zero3"]),
         # a tag per rank: the ranks' files land under different tags, `latest` names rank 0's only (hidden test)
         "save_and_report": (
             "def save_and_report(engine, metrics, directory):\n"
@@ -199,11 +200,11 @@ MORE_WRONG = [
             "def restore_checkpoint(engine, checkpoint):\n"
             "    with checkpoint.as_directory() as directory:\n"
             "        engine.load_checkpoint(directory)\n"
-            "    return engine.global_steps + 1\n"),
+            "    return engine.global_steps + 1\n", ["test_restore_checkpoint_optimizer"]),
     },
     {
         # the learning rate never reaches the optimizer (DeepSpeed's default 1e-3 is used)
-        "build_engine": _CONFIG_HEAD + (
+        "build_engine": (_CONFIG_HEAD +
             "    zero = {'stage': stage}\n"
             "    if offload_optimizer:\n"
             "        zero['offload_optimizer'] = {'device': 'cpu'}\n"
@@ -227,7 +228,56 @@ MORE_WRONG = [
         "save_and_report": (
             "def save_and_report(engine, metrics, directory):\n"
             "    engine.save_checkpoint(directory, tag=TAG)\n"
-            "    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(directory))\n"),
+            "    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(directory))\n",
+            ["test_save_and_report", "test_save_and_report_resume"]),
+    },
+    {
+        # the loss computed in the engine's precision: under bf16 the logits are bf16 and so is the loss, which
+        # keeps about 3 significant digits (fp32 engines: right; the bf16 engine of the hidden test: wrong loss and
+        # gradients)
+        "train_micro_batches": (
+            "def train_micro_batches(engine, batches):\n"
+            "    losses = []\n"
+            "    for images, labels in batches:\n"
+            "        loss = F.cross_entropy(engine(images), labels)\n"
+            "        engine.backward(loss)\n"
+            "        engine.step()\n"
+            "        losses.append(loss.item())\n"
+            "    return sum(losses) / len(losses)\n",
+            ["test_train_micro_batches", "test_train_micro_batches_zero3", "test_train_micro_batches_loss"]),
+        # half precision read as fp16: the bf16 flag switches on fp16 (the engine reports no bf16; fp32 runs are right)
+        "build_engine": (_CONFIG_HEAD +
+            "    zero = {'stage': stage}\n"
+            "    if offload_optimizer:\n"
+            "        zero['offload_optimizer'] = {'device': 'cpu'}\n"
+            "    config = {'train_batch_size': global_batch_size, 'train_micro_batch_size_per_gpu': micro_batch_size,\n"
+            "              'gradient_accumulation_steps': global_batch_size // (micro_batch_size * world_size),\n"
+            "              'optimizer': {'type': 'AdamW', 'params': {'lr': lr, 'torch_adam': True}},\n"
+            "              'zero_optimization': zero, 'zero_force_ds_cpu_optimizer': False,\n"
+            "              'fp16': {'enabled': bf16}, 'steps_per_print': 10**9}\n"
+            "    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)\n"
+            "    return engine\n", ["test_build_engine_training"]),
+    },
+    {
+        # the running total in a tensor made on the CPU (no device): right on a CPU, but on a GPU worker the loss is
+        # on the GPU and the in-place add raises (the check's stand-in device shows it)
+        "train_micro_batches": (
+            "def train_micro_batches(engine, batches):\n"
+            "    total, count = torch.zeros(()), 0\n"
+            "    for images, labels in batches:\n"
+            "        loss = F.cross_entropy(engine(images).float(), labels)\n"
+            "        engine.backward(loss)\n"
+            "        engine.step()\n"
+            "        total += loss.detach()\n"
+            "        count += 1\n"
+            "    return (total / count).item()\n",
+            ["test_train_micro_batches", "test_train_micro_batches_zero3", "test_train_micro_batches_bf16"]),
+        # `latest` taken for the tag: load_checkpoint looks for a folder named latest (the tag is written in that file)
+        "restore_checkpoint": (
+            "def restore_checkpoint(engine, checkpoint):\n"
+            "    with checkpoint.as_directory() as directory:\n"
+            "        _, client_state = engine.load_checkpoint(directory, tag='latest')\n"
+            "    return client_state['epoch'] + 1\n"),
     },
 ]
 
@@ -244,6 +294,7 @@ RIGHT = {
         "    result = deepspeed.initialize(model=model, model_parameters=params,\n"
         "                                  optimizer=torch.optim.AdamW(params, lr=lr), config=cfg)\n"
         "    return result[0]\n"),
+    # the mean over all ranks (what the training function reports anyway), accumulated on the engine's device
     "train_micro_batches": (
         "def train_micro_batches(engine, batches):\n"
         "    values = []\n"
@@ -253,7 +304,9 @@ RIGHT = {
         "        engine.backward(loss)\n"
         "        engine.step()\n"
         "        values.append(loss.detach())\n"
-        "    return torch.stack(values).mean().item()\n"),
+        "    mean = torch.stack(values).mean().to(engine.device)\n"
+        "    torch.distributed.all_reduce(mean)\n"
+        "    return mean.item() / torch.distributed.get_world_size()\n"),
     "save_and_report": (
         "def save_and_report(engine, metrics, directory):\n"
         "    epoch = metrics['epoch']\n"
@@ -263,7 +316,7 @@ RIGHT = {
     "restore_checkpoint": (
         "def restore_checkpoint(engine, checkpoint):\n"
         "    with checkpoint.as_directory() as path:\n"
-        "        loaded_path, state = engine.load_checkpoint(path, load_optimizer_states=True)\n"
+        "        loaded_path, state = engine.load_checkpoint(path, tag=TAG, load_optimizer_states=True)\n"
         "    assert loaded_path is not None, 'nothing was loaded'\n"
         "    return int(state['epoch']) + 1\n"),
 }
