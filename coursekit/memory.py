@@ -246,3 +246,97 @@ def state_bytes(model, optimizer=None) -> dict[str, int]:
         counted = zero_rank_bytes(model)
         return {k: counted[k] for k in KINDS}
     return rank_bytes(model, optimizer)
+
+
+# --- peak memory of a piece of code (module 05: construction on the meta device) ------------------------
+
+def _status_kib(field: str) -> int | None:
+    """A ``kB`` field of /proc/self/status (``VmRSS``, ``VmHWM``), None where there is no such file (not Linux)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def rss_follows_tensors(threshold: int = 64 * 1024) -> bool:
+    """Make this process's RSS follow its live tensors: glibc's malloc then gives every block of ``threshold``
+    bytes or more its own memory mapping, returned to the system when freed.
+
+    By default glibc raises that threshold as a program frees large blocks and keeps later ones in its heap,
+    where a freed block stays resident and a new tensor reuses it unseen: a peak measured after other work
+    then misses what the code allocated. Call it at the start of a process that measures with
+    :class:`PeakMemory` (a forked rank: it does not change the notebook's kernel). True if glibc took it."""
+    libc = _libc()
+    return bool(libc is not None and hasattr(libc, "mallopt") and libc.mallopt(-3, threshold))  # M_MMAP_THRESHOLD
+
+
+def _trim() -> None:
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
+class PeakMemory:
+    """How far this process's memory rose above where it stood when the block began.
+
+    >>> with PeakMemory("cpu") as peak:
+    ...     x = torch.ones(2**24)          # 64 MiB
+    ...     del x
+    >>> peak.bytes >= 64 * 2**20           # the peak, although x was freed before the end
+    True
+
+    On CPU it reads the resident set size (RSS): Linux's ``VmHWM`` (the RSS high-water mark) is reset to the
+    current RSS by writing ``5`` to ``/proc/self/clear_refs`` on entry, and read on exit; ``bytes`` is that peak
+    minus the RSS on entry. It counts everything the process touched (tensors, allocator slack, pages of code
+    run for the first time), so run a small warm-up through the same code first when a few MiB matter, and call
+    :func:`rss_follows_tensors` at the start of the process. On a
+    CUDA device it is ``torch.cuda.max_memory_allocated`` (reset on entry) minus the bytes allocated on entry:
+    tensors only. ``bytes`` is None where neither counter exists (CPU on a system without ``/proc``)."""
+
+    def __init__(self, device: str | torch.device = "cpu"):
+        self.device = torch.device(device)
+        self.bytes: int | None = None
+        self._start: int | None = None
+
+    def _cuda(self) -> bool:
+        return self.device.type == "cuda" and torch.cuda.is_available()
+
+    def __enter__(self) -> "PeakMemory":
+        if self._cuda():
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._start = torch.cuda.memory_allocated(self.device)
+            return self
+        _trim()                            # freed heap memory back to the system first: a lower, truer start
+        try:
+            with open("/proc/self/clear_refs", "w") as refs:
+                refs.write("5")            # VmHWM := VmRSS now
+        except OSError:
+            self._start = None
+            return self
+        self._start = _status_kib("VmRSS")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._start is None:
+            return
+        if self._cuda():
+            torch.cuda.synchronize(self.device)
+            self.bytes = int(torch.cuda.max_memory_allocated(self.device)) - self._start
+        else:
+            peak = _status_kib("VmHWM")
+            self.bytes = None if peak is None else max(peak - self._start, 0) * 1024

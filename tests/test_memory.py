@@ -166,3 +166,68 @@ def test_zero_rank_bytes_counts_what_each_rank_holds(stage):
         slack = 1.2 * 4 * n if stage in (1, 2) else 64
         assert expected["grads"] <= got["grads"] <= expected["grads"] + slack, (stage, got, expected)
         assert got["master"] == (0 if stage == 0 else pytest.approx(4 * n / 2, abs=64))
+
+
+# --- peak memory of a piece of code (module 05: construction on the meta device) ---
+
+def _peaks(rank, world_size):
+    from coursekit.memory import PeakMemory, rss_follows_tensors
+
+    took = rss_follows_tensors()
+    warm = torch.ones(2**16)          # the allocator's first use, before measuring
+    del warm
+    with PeakMemory("cpu") as idle:
+        pass
+    with PeakMemory("cpu") as freed:
+        x = torch.ones(2**24)         # 64 MiB, freed before the block ends
+        del x
+    with PeakMemory("cpu") as after:  # freed memory went back: a second block sees the same 64 MiB again
+        y = torch.ones(2**24)
+        del y
+    with PeakMemory("cpu") as small:
+        z = torch.ones(2**20)         # 4 MiB, kept
+    return took, idle.bytes, freed.bytes, after.bytes, small.bytes, z.numel()
+
+
+def test_peak_memory_measures_the_rise_of_the_rss_in_a_block():
+    # on Linux: VmHWM reset through /proc/self/clear_refs; run in a fresh forked process, as the notebook does
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("VmHWM and clear_refs are Linux's")
+    took, idle, freed, after, small, _ = run_distributed(_peaks, 1)[0]
+    mib = 2**20
+    assert took, "glibc's mallopt(M_MMAP_THRESHOLD) was refused"
+    assert idle is not None and idle < 2 * mib, f"an empty block rose by {idle} bytes"
+    assert 63 * mib <= freed < 72 * mib, f"a 64 MiB tensor freed inside the block: peak {freed / mib:.1f} MiB"
+    assert 63 * mib <= after < 72 * mib, f"the same again after the first was freed: {after / mib:.1f} MiB"
+    assert 3.9 * mib <= small < 6 * mib, f"a 4 MiB tensor: {small / mib:.1f} MiB"
+
+
+def test_peak_memory_without_a_counter_and_on_cuda():
+    from coursekit.memory import PeakMemory
+
+    with mock_open_failing():
+        with PeakMemory("cpu") as peak:
+            pass
+    assert peak.bytes is None
+    if torch.cuda.is_available():
+        with PeakMemory("cuda") as gpu:
+            t = torch.ones(2**20, device="cuda")
+            del t
+        assert gpu.bytes >= 4 * 2**20
+
+
+def mock_open_failing():
+    """/proc missing (not Linux): opening its files fails."""
+    import builtins
+    from unittest import mock
+
+    real = builtins.open
+
+    def fake(path, *args, **kwargs):
+        if str(path).startswith("/proc/self/"):
+            raise OSError("no /proc here")
+        return real(path, *args, **kwargs)
+
+    return mock.patch("builtins.open", fake)

@@ -39,6 +39,19 @@ WRONG = {
         "def export_full_state_dict(model, directory):\n"
         "    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))\n"
         "    torch.save(state, os.path.join(directory, 'model_full.pt'))\n", ["test_export_full_state_dict_weights"]),
+    # the whole model built eagerly on every rank, then sharded: right weights, but every rank held the whole model
+    # (its fresh model and its loaded weights are right: it keeps those cells)
+    "build_on_meta": (
+        "def build_on_meta(config, device, weights_file=None):\n"
+        "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
+        "    model = build_vit_from(config)\n"
+        "    for block in model.blocks:\n"
+        "        fully_shard(block, mesh=mesh)\n"
+        "    fully_shard(model, mesh=mesh)\n"
+        "    if weights_file is not None:\n"
+        "        full = torch.load(weights_file, map_location='cpu', weights_only=True) if dist.get_rank() == 0 else {}\n"
+        "        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))\n"
+        "    return model\n", ["test_build_on_meta", "test_build_on_meta_weights"]),
 }
 
 MORE_WRONG = [
@@ -72,6 +85,26 @@ MORE_WRONG = [
             "def export_full_state_dict(model, directory):\n"
             "    if dist.get_rank() == 0:\n"
             "        torch.save(model.state_dict(), os.path.join(directory, 'model_full.pt'))\n"),
+    "build_on_meta": (
+        "def build_on_meta(config, device, weights_file=None):\n"
+        "    with torch.device('meta'):\n"
+        "        model = build_vit_from(config)\n"
+        "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
+        "    for block in model.blocks:\n"
+        "        fully_shard(block, mesh=mesh)\n"
+        "    fully_shard(model, mesh=mesh)\n"
+        "    if weights_file is None:\n"
+        "        torch.manual_seed(config['seed'])\n"
+        "        for module in model.modules():\n"
+        "            if hasattr(module, 'reset_parameters'):\n"
+        "                module.reset_parameters()\n"
+        "        with torch.no_grad():\n"
+        "            model.cls_token.zero_()\n"
+        "            model.pos_embed.normal_(0.0, 0.02)\n"
+        "    else:\n"
+        "        full = torch.load(weights_file, map_location='cpu', weights_only=True) if dist.get_rank() == 0 else {}\n"
+        "        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))\n"
+        "    return model\n"),
     },
     {
         # the options go to the root only: the blocks keep the defaults (fp32, resharded after forward)
@@ -104,6 +137,29 @@ MORE_WRONG = [
             "    if int(os.environ.get('LOCAL_RANK', 0)) == 0:\n"
             "        torch.save(state, os.path.join(directory, 'model_full.pt'))\n",
             ["test_export_full_state_dict_weights"]),
+    "build_on_meta": (
+        "def build_on_meta(config, device, weights_file=None):\n"
+        "    with torch.device('meta'):\n"
+        "        model = build_vit_from(config)\n"
+        "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
+        "    model.to_empty(device=device)\n"
+        "    if weights_file is None:\n"
+        "        torch.manual_seed(config['seed'])\n"
+        "        for module in model.modules():\n"
+        "            if hasattr(module, 'reset_parameters'):\n"
+        "                module.reset_parameters()\n"
+        "        with torch.no_grad():\n"
+        "            model.cls_token.zero_()\n"
+        "            model.pos_embed.normal_(0.0, 0.02)\n"
+        "    else:\n"
+        "        full = torch.load(weights_file, map_location='cpu', weights_only=True) if dist.get_rank() == 0 else {}\n"
+        "    for block in model.blocks:\n"
+        "        fully_shard(block, mesh=mesh)\n"
+        "    fully_shard(model, mesh=mesh)\n"
+        "    if weights_file is not None:\n"
+        "        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))\n"
+        "    return model\n",
+        ["test_build_on_meta", "test_build_on_meta_weights"]),
     },
     {
         # the workshop's mistake: a CUDA mesh written into the code (fails on every CPU worker)
@@ -131,6 +187,25 @@ MORE_WRONG = [
             "    state = get_model_state_dict(model)\n"
             "    if dist.get_rank() == 0:\n"
             "        torch.save(state, os.path.join(directory, 'model_full.pt'))\n"),
+    "build_on_meta": (
+        "def build_on_meta(config, device, weights_file=None):\n"
+        "    with torch.device('meta'):\n"
+        "        model = build_vit_from(config)\n"
+        "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
+        "    for block in model.blocks:\n"
+        "        fully_shard(block, mesh=mesh)\n"
+        "    fully_shard(model, mesh=mesh)\n"
+        "    model.to_empty(device=device)\n"
+        "    if weights_file is None:\n"
+        "        torch.manual_seed(config['seed'])\n"
+        "        for module in model.modules():\n"
+        "            if hasattr(module, 'reset_parameters'):\n"
+        "                module.reset_parameters()\n"
+        "    else:\n"
+        "        full = torch.load(weights_file, map_location='cpu', weights_only=True) if dist.get_rank() == 0 else {}\n"
+        "        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))\n"
+        "    return model\n",
+        ["test_build_on_meta_weights", "test_build_on_meta_memory"]),
     },
     {
         # a CPU mesh written into the code: passes on a CPU-only machine, fails on every GPU worker
@@ -159,6 +234,28 @@ MORE_WRONG = [
             "    if dist.get_rank() == 0:\n"
             "        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))\n"
             "        torch.save(state, os.path.join(directory, 'model_full.pt'))\n"),
+    "build_on_meta": (
+        "def build_on_meta(config, device, weights_file=None):\n"
+        "    with torch.device('meta'):\n"
+        "        model = build_vit_from(config)\n"
+        "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
+        "    for block in model.blocks:\n"
+        "        fully_shard(block, mesh=mesh)\n"
+        "    fully_shard(model, mesh=mesh)\n"
+        "    model.to_empty(device=device)\n"
+        "    if weights_file is None:\n"
+        "        torch.manual_seed(config['seed'])\n"
+        "        for module in model.modules():\n"
+        "            if hasattr(module, 'reset_parameters'):\n"
+        "                module.reset_parameters()\n"
+        "        with torch.no_grad():\n"
+        "            model.cls_token.zero_()\n"
+        "            model.pos_embed.normal_(0.0, 0.02)\n"
+        "    else:\n"
+        "        full = torch.load(weights_file, map_location='cpu', weights_only=True)\n"
+        "        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))\n"
+        "    return model\n",
+        ["test_build_on_meta", "test_build_on_meta_weights"]),
     },
     {
         # the mesh over this node's workers only (local world size): 2 ranks of a 4-rank job
@@ -171,6 +268,28 @@ MORE_WRONG = [
             "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
             "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
             "    return model, torch.optim.AdamW(model.parameters(), lr=config['lr'])\n"),
+    "build_on_meta": (
+        "def build_on_meta(config, device, weights_file=None):\n"
+        "    with torch.device('meta'):\n"
+        "        model = build_vit_from(config)\n"
+        "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
+        "    for block in model.blocks:\n"
+        "        fully_shard(block, mesh=mesh)\n"
+        "    fully_shard(model, mesh=mesh)\n"
+        "    model.to_empty(device=device)\n"
+        "    if weights_file is None:\n"
+        "        torch.manual_seed(config['seed'])\n"
+        "        for module in model.modules():\n"
+        "            if hasattr(module, 'reset_parameters'):\n"
+        "                module.reset_parameters()\n"
+        "        with torch.no_grad():\n"
+        "            model.cls_token.zero_()\n"
+        "            model.pos_embed.normal_(0.0, 0.02)\n"
+        "    else:\n"
+        "        full = torch.load(weights_file, map_location='cpu', weights_only=True)\n"
+        "        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))\n"
+        "    return model\n",
+        ["test_build_on_meta", "test_build_on_meta_weights"]),
     },
     {
         # the options go to the blocks only: the root (patch embedding, head) computes in fp32
@@ -256,4 +375,28 @@ RIGHT = {
         "    state = {k: v.cpu() for k, v in state.items()}\n"
         "    if ray.train.get_context().get_world_rank() == 0:\n"
         "        torch.save(state, Path(directory) / 'model_full.pt')\n"),
+    # torchtitan's order: always initialise, then let the loaded weights overwrite; ViT by hand inside the meta
+    # device, blocks by index, model.apply, nn.init's zeros_ and trunc_normal_, the file memory-mapped on rank 0
+    "build_on_meta": (
+        "def build_on_meta(config, device, weights_file=None):\n"
+        "    from torch.distributed.checkpoint.state_dict import set_model_state_dict as load_into\n"
+        "    with torch.device('meta'):\n"
+        "        model = ViT(depth=config['depth'], width=config['width'], heads=config['heads'], patch=config['patch'])\n"
+        "    mesh = init_device_mesh(device_type=device.type, mesh_shape=(dist.get_world_size(),))\n"
+        "    for i in range(len(model.blocks)):\n"
+        "        fully_shard(model.blocks[i], mesh=mesh)\n"
+        "    model = fully_shard(model, mesh=mesh)\n"
+        "    model = model.to_empty(device=device)\n"
+        "    torch.manual_seed(config['seed'])\n"
+        "    model.apply(lambda m: m.reset_parameters() if hasattr(m, 'reset_parameters') else None)\n"
+        "    with torch.no_grad():\n"
+        "        torch.nn.init.zeros_(model.cls_token)\n"
+        "        torch.nn.init.trunc_normal_(model.pos_embed, std=0.02)\n"
+        "    if weights_file:\n"
+        "        state = {}\n"
+        "        if dist.get_rank() == 0:\n"
+        "            state = torch.load(weights_file, map_location='cpu', weights_only=True, mmap=True)\n"
+        "        load_into(model=model, model_state_dict=state,\n"
+        "                  options=StateDictOptions(broadcast_from_rank0=True, full_state_dict=True))\n"
+        "    return model\n"),
 }
