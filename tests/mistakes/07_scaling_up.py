@@ -156,6 +156,10 @@ RESUME_MODEL_ONLY = _keeps(_edit(_edit(
     '''        set_state_dict(net, adamw, model_state_dict=state["model"], optim_state_dict=state["optimizer"])''',
     '''        net.load_state_dict(state["model"])'''), "resume")
 
+# loads from the checkpoint's path as if it were a local folder (on a run's storage, S3 or NFS, it is not)
+RESUME_FROM_PATH = _keeps(_edit(_PORT, """        with checkpoint.as_directory() as folder:
+            dcp.load(state, checkpoint_id=folder)""", """        dcp.load(state, checkpoint_id=checkpoint.path)"""), "resume")
+
 WRONG = {"train_func": DDP_PORT, "concept_when_to_shard": 'CONCEPT_WHEN_TO_SHARD = "a b c"',
          "concept_shared_storage": 'CONCEPT_SHARED_STORAGE = "b"'}
 
@@ -172,6 +176,7 @@ MORE_WRONG = [
     {"train_func": RESUME_MODEL_ONLY},
     {"train_func": NO_RESHARD},
     {"train_func": LITERAL_DEVICE},
+    {"train_func": RESUME_FROM_PATH},
 ]
 
 # Correct, written differently from the reference: prepare_data_loader's sampler (told the epoch only where it
