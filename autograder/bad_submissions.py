@@ -49,7 +49,7 @@ def snoop_code(out: Path, submissions: Path, port: int | None = None) -> str:
               "scratch_gradebook": "../../../root/gradebook.db",
               # the release's later modules (module 07's scripts hold the answers of 01, 05 and 06) and the tests
               "release": REPO / "course" / "07_scaling_up",
-              "tests": REPO / "tests"}
+              "tests": REPO / "tests" / "test_grading.py"}
     targets = [SOLUTIONS / "PWNED.txt", Path(out) / "PWNED.txt", REPO / "PWNED.txt",
                Path(submissions) / "good" / "PWNED.txt"]
     return "\n".join([
