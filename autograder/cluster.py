@@ -80,7 +80,7 @@ def grade_on_node(found, template_tar: bytes, submission_tar: bytes, timeout: fl
         shutil.rmtree(base, ignore_errors=True)
 
 
-def run_jobs_on_ray(jobs: list, templates: dict[str, Path], address: str, memory: int, quiet: bool,
+def run_jobs_on_ray(jobs: list, templates: dict[str, Path], address: str, memory: int,
                     cpus_per_job: float = 1.0) -> Iterator[tuple]:
     """Like ``autograder.grade.run_jobs``, on the Ray cluster at ``address``: yield (job, run) as each job's
     task returns, ``run`` holding a local folder with the job's files (removed after the yield)."""
@@ -95,11 +95,6 @@ def run_jobs_on_ray(jobs: list, templates: dict[str, Path], address: str, memory
     task = ray.remote(grade_on_node).options(num_cpus=cpus_per_job, memory=memory, max_retries=TASK_RETRIES)
     tpl = {m: ray.put(pack(templates[m], template_parts(m))) for m in sorted({j.found.module for j in jobs})}
     pending = {task.remote(j.found, tpl[j.found.module], pack(j.found.folder), j.timeout, memory): j for j in jobs}
-    try:
-        from tqdm import tqdm
-        bar = tqdm(total=len(jobs), disable=quiet or not jobs, unit="notebook", desc="on Ray")
-    except ImportError:  # pragma: no cover
-        bar = None
     local = Path(tempfile.mkdtemp(prefix="course-grading-merge-"))
     count = 0
     try:
@@ -121,10 +116,5 @@ def run_jobs_on_ray(jobs: list, templates: dict[str, Path], address: str, memory
                 yield job, run
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
-            if bar is not None:
-                bar.set_postfix_str(f"{job.found.student}/{job.found.module}", refresh=False)
-                bar.update()
     finally:
-        if bar is not None:
-            bar.close()
         shutil.rmtree(local, ignore_errors=True)

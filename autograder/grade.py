@@ -436,34 +436,31 @@ def slowest_first(jobs: list[Job], timings: Path) -> list[Job]:
 
 # ---------------------------------------------------------------- running: each job in its process
 
-def run_jobs(jobs: list[Job], templates: dict[str, Path], hide_also: list[Path], workers: int, memory: int,
-             quiet: bool):
+def run_jobs(jobs: list[Job], templates: dict[str, Path], hide_also: list[Path], workers: int, memory: int):
     """Run the jobs, ``workers`` at a time; yield (job, run) as each one finishes (see run_job)."""
     jobs_base = Path(tempfile.mkdtemp(prefix="course-grading-"))
     hide = [*hide_also, jobs_base.resolve()]
-    try:
-        from tqdm import tqdm
-        bar = tqdm(total=len(jobs), disable=quiet or not jobs, unit="notebook", file=sys.stderr)
-    except ImportError:  # pragma: no cover
-        bar = None
     try:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             futures = {pool.submit(run_job, j.found, templates[j.found.module], jobs_base, hide, j.timeout, memory): j
                        for j in jobs}
             for fut in as_completed(futures):
-                job = futures[fut]
                 run = fut.result()
                 try:
-                    yield job, run
+                    yield futures[fut], run
                 finally:
                     shutil.rmtree(run["job"], ignore_errors=True)
-                if bar is not None:
-                    bar.set_postfix_str(f"{job.found.student}/{job.found.module}", refresh=False)
-                    bar.update()
     finally:
-        if bar is not None:
-            bar.close()
         shutil.rmtree(jobs_base, ignore_errors=True)
+
+
+def _progress(jobs: list[Job], quiet: bool, where: str = ""):
+    """A progress bar over the jobs (None when quiet or without tqdm)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        return None
+    return tqdm(total=len(jobs), disable=quiet or not jobs, unit="notebook", desc=where or None, file=sys.stderr)
 
 
 def record(job: Job, run: dict, main: Path, out: Path, max_score: float, memory: int) -> dict:
@@ -571,17 +568,25 @@ def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bo
         from autograder.cluster import run_jobs_on_ray
 
         say(f"grading {len(todo)} submission(s) of {len(wanted)} module(s) on the Ray cluster at {address}")
-        runs = run_jobs_on_ray(todo, templates, address, memory, quiet)
+        runs = run_jobs_on_ray(todo, templates, address, memory)
     else:
         if todo:
             say(f"grading {len(todo)} submission(s) of {len(wanted)} module(s), {workers} at a time"
                 f"{'' if jail_available() else f' (no jail: {jail_missing_reason()}; kernels see the whole filesystem and the network)'}")
-        runs = run_jobs(todo, templates, _hidden_paths(out, submissions), workers, memory, quiet)
-    for job, run in runs:
-        f = job.found
-        row = record(job, run, main, out, max_scores[f.module], memory)
-        rows[(f.student, f.module)] = row
-        cache.store(f, job.key, row, [job.timeout, memory])
+        runs = run_jobs(todo, templates, _hidden_paths(out, submissions), workers, memory)
+    bar = _progress(todo, quiet, "on Ray" if address else "")
+    try:
+        for job, run in runs:
+            f = job.found
+            row = record(job, run, main, out, max_scores[f.module], memory)
+            rows[(f.student, f.module)] = row
+            cache.store(f, job.key, row, [job.timeout, memory])
+            if bar is not None:
+                bar.set_postfix_str(f"{f.student}/{f.module}", refresh=False)
+                bar.update()
+    finally:
+        if bar is not None:
+            bar.close()
 
     table = [rows.get((s, m)) or {"student": s, "module": m, "score": 0.0, "max_score": max_scores[m],
                                   "status": "missing", "seconds": 0.0, "detail": ""}
