@@ -56,7 +56,8 @@ def template_parts(module: str) -> list[str]:
     return ["gradebook.db", f"course/{module}"]
 
 
-def grade_on_node(found, template_tar: bytes, submission_tar: bytes, timeout: float, memory: int) -> dict:
+def grade_on_node(found, template_tar: bytes, submission_tar: bytes, timeout: float, memory: int,
+                  feedback: bool = True) -> dict:
     """The body of a grading task: one job graded on this node; returns what the driver merges."""
     import shutil
 
@@ -70,7 +71,7 @@ def grade_on_node(found, template_tar: bytes, submission_tar: bytes, timeout: fl
         jobs = base / "jobs"
         jobs.mkdir()
         run = run_job(dataclasses.replace(found, folder=submission), template, jobs,
-                      [*_hidden_paths(base, base)], timeout, memory)
+                      [*_hidden_paths(base, base)], timeout, memory, feedback)
         job = run["job"]
         where = f"{found.student}/{found.module}"
         return {"outcome": dataclasses.asdict(run["outcome"]), "result": run["result"],
@@ -94,7 +95,8 @@ def run_jobs_on_ray(jobs: list, templates: dict[str, Path], address: str, memory
         ray.init(address=address, logging_level="ERROR", log_to_driver=False, configure_logging=False)
     task = ray.remote(grade_on_node).options(num_cpus=cpus_per_job, memory=memory, max_retries=TASK_RETRIES)
     tpl = {m: ray.put(pack(templates[m], template_parts(m))) for m in sorted({j.found.module for j in jobs})}
-    pending = {task.remote(j.found, tpl[j.found.module], pack(j.found.folder), j.timeout, memory): j for j in jobs}
+    pending = {task.remote(j.found, tpl[j.found.module], pack(j.found.folder), j.timeout, memory, j.feedback): j
+               for j in jobs}
     local = Path(tempfile.mkdtemp(prefix="course-grading-merge-"))
     count = 0
     try:

@@ -3,7 +3,8 @@
 What this module does for every submission (and what it does NOT do):
 
 * **Own process, own folders.** ``autograder.worker`` runs ``nbgrader autograde`` and
-  ``generate_feedback`` for one (student, module) in a fresh scratch course root
+  ``generate_feedback`` for one (student, module) in a process of its own (forked by a warm worker that has
+  imported nbgrader once, ``WarmWorker``) and a fresh scratch course root
   (``JOB/root``: a gradebook holding only that module, with its hidden tests, that one student's
   submission, and as nbgrader's source folder the module's RELEASE without its notebook: nbgrader
   copies those files over the submission, so the scripts beside a graded notebook are the ones
@@ -54,6 +55,7 @@ import signal
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -271,21 +273,102 @@ def memory_cgroup_available() -> bool:
     return _cgroup_parent() is not None
 
 
-def run_limited(cmd: list[str], cwd: Path, env: dict, timeout: float, memory: int,
-                log: Path) -> Outcome:
-    """Run ``cmd`` in its own session; kill its whole tree past ``timeout`` s, and hold it to ``memory``
-    bytes (a memory cgroup where there is one, else an RSS watchdog)."""
+# ---------------------------------------------------------------- starting a job's process
+
+class _Forked:
+    """A job that a warm worker forked (``autograder.worker.serve``), seen through Popen's interface."""
+
+    def __init__(self, server: "WarmWorker", pid: int):
+        self.server, self.pid, self.returncode = server, pid, None
+
+    def poll(self):
+        if self.returncode is None:
+            self.returncode = self.server.exit_code(block=False)
+        return self.returncode
+
+    def wait(self):
+        if self.returncode is None:
+            self.returncode = self.server.exit_code(block=True)
+        return self.returncode
+
+
+class WarmWorker:
+    """A long-lived ``python -m autograder.worker --serve`` that has imported what a grading job needs before
+    its kernel starts (nbgrader, its converters, nbconvert's HTML exporter: about 1 s here) and forks one job
+    at a time on request. Each job is still a process of its own: its own session, memory cgroup and limits.
+    Idle warm workers wait in a pool, one per job running at once (``--jobs``; on a Ray cluster, one per Ray
+    worker process, which Ray reuses from task to task); each exits when the grader's process does."""
+
+    _idle: list["WarmWorker"] = []
+    _lock = threading.Lock()
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-m", "autograder.worker", "--serve"], env=tool_env(),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("the grading worker did not start")
+
+    @classmethod
+    def take(cls) -> "WarmWorker":
+        with cls._lock:
+            while cls._idle:
+                w = cls._idle.pop()
+                if w.proc.poll() is None:
+                    return w
+        return cls()
+
+    def give_back(self, done: bool) -> None:
+        """Back to the pool once its job has ended; a worker whose job's end was not read is closed instead."""
+        if done and self.proc.poll() is None:
+            with self._lock:
+                self._idle.append(self)
+        elif self.proc.poll() is None:
+            self.proc.stdin.close()
+
+    def start(self, argv: list[str], cwd: Path, env: dict, group, log: Path,
+              call: str = "autograder.worker:main") -> _Forked:
+        """Fork a job that runs ``call`` (``module:function``, called with ``argv``; by default a grading job)."""
+        request = {"call": call, "argv": argv, "cwd": str(cwd), "env": env, "log": str(log),
+                   "cgroup_procs": str(group.path / "cgroup.procs") if group is not None else ""}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return _Forked(self, int(json.loads(self.proc.stdout.readline())["pid"]))
+
+    def exit_code(self, block: bool) -> int | None:
+        import select
+
+        if not block and not select.select([self.proc.stdout], [], [], 0)[0]:
+            return None
+        line = self.proc.stdout.readline()
+        if not line:                       # the warm worker itself died: the job died with it
+            return -9
+        return int(json.loads(line)["exit"])
+
+
+def run_limited(cmd: list[str] | None, cwd: Path, env: dict, timeout: float, memory: int,
+                log: Path, worker_argv: list[str] | None = None, worker_call: str = "autograder.worker:main") -> Outcome:
+    """Run ``cmd`` (or, with ``worker_argv``, a grading job forked by a warm worker: see ``WarmWorker``) in its
+    own session; kill its whole tree past ``timeout`` s, and hold it to ``memory`` bytes (a memory cgroup
+    where there is one, else an RSS watchdog)."""
     start = time.perf_counter()
     group = memory_cgroup(memory)
+    warm = WarmWorker.take() if worker_argv is not None else None
+    proc = None
     try:
         with open(log, "wb") as out:
-            proc = subprocess.Popen(group.enter_argv(cmd) if group else cmd, cwd=cwd, env=tool_env(env),
-                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-            ps = psutil.Process(proc.pid)
+            if warm is not None:
+                proc = warm.start(list(worker_argv), cwd, tool_env(env), group, log, worker_call)
+            else:
+                proc = subprocess.Popen(group.enter_argv(cmd) if group else cmd, cwd=cwd, env=tool_env(env),
+                                        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
+            try:
+                ps = psutil.Process(proc.pid)
+            except psutil.NoSuchProcess:       # a forked job that has already ended (its warm worker reaped it)
+                ps = None
             killed, peak, seen = "", 0, []
             while proc.poll() is None:
-                procs = tree(ps)
+                procs = tree(ps) if ps is not None else []
                 seen = list({p.pid: p for p in [*seen, *procs]}.values())[-64:]
                 rss = sum_memory(procs, pss=False)
                 peak = max(peak, rss)
@@ -305,8 +388,9 @@ def run_limited(cmd: list[str], cwd: Path, env: dict, timeout: float, memory: in
             if not killed and group.oom_kills():
                 killed = "memory"
     finally:
+        if warm is not None:
+            warm.give_back(done=proc is not None and proc.returncode is not None)
         if group is not None:
             group.remove()
     return Outcome(proc.returncode, time.perf_counter() - start, killed, peak,
                    log.read_text(errors="replace")[-20000:])
-

@@ -255,8 +255,10 @@ def _hidden_paths(out: Path, submissions: Path) -> list[Path]:
 
 
 def run_job(f: Found, template: Path, jobs_base: Path, hide: list[Path], timeout: float,
-            memory: int) -> dict:
-    """Autograde one submission in its own scratch root and process; return what happened."""
+            memory: int, feedback: bool = True) -> dict:
+    """Autograde one submission in its own scratch root and process (forked by a warm worker: see
+    ``autograder.contain.WarmWorker``), with its HTML feedback page unless ``feedback`` is False; return what
+    happened."""
     job = Path(tempfile.mkdtemp(prefix="job-", dir=jobs_base))
     root = job / "root"
     root.mkdir()
@@ -271,8 +273,8 @@ def run_job(f: Found, template: Path, jobs_base: Path, hide: list[Path], timeout
            "JUPYTER_PATH": str(write_kernelspec(job, workdir, hide, REPO, [job / "runtime", job / "storage"])),
            "JUPYTER_RUNTIME_DIR": str(job / "runtime"), "PYTHONPATH": str(REPO),
            "PYTHONDONTWRITEBYTECODE": "1"}
-    outcome = run_limited([sys.executable, "-m", "autograder.worker", str(job), f.student, f.module],
-                          cwd=root, env=env, timeout=timeout, memory=memory, log=job / "worker.log")
+    outcome = run_limited(None, cwd=root, env=env, timeout=timeout, memory=memory, log=job / "worker.log",
+                          worker_argv=[str(job), f.student, f.module, *([] if feedback else ["--no-feedback"])])
     result = {}
     if (job / "result.json").exists():
         result = json.loads((job / "result.json").read_text())
@@ -365,6 +367,7 @@ class Job:
     detail: str        # notes for its row (from collecting it; read-only cells it changed)
     timeout: float     # seconds
     status: str        # its status if nbgrader grades it: "graded", or "tests modified"
+    feedback: bool = True   # write its HTML feedback page
 
 
 class Cache:
@@ -374,14 +377,18 @@ class Cache:
         self.path = path
         self.entries = json.loads(path.read_text()) if path.exists() else {}
 
-    def row(self, f: Found, key: str, limits: list, main: Path) -> dict | None:
-        """The cached row if nothing it depends on changed (a timed-out or killed one: nor the limits)."""
+    def row(self, f: Found, key: str, limits: list, main: Path, feedback: bool = True) -> dict | None:
+        """The cached row if nothing it depends on changed (a timed-out or killed one: nor the limits), and its
+        feedback page if one is wanted now."""
         hit = self.entries.get(f"{f.student}/{f.module}")
         if not hit or hit["key"] != key:
             return None
         if hit["row"]["status"] in ("timed out", "kernel died") and hit["limits"] != limits:
             return None
-        if not (main / "feedback" / f.student / f.module).exists():   # the gradebook lost it
+        kept = [main / sub / f.student / f.module for sub in ("feedback", "autograded")]
+        if not any(p.exists() for p in kept):                          # the gradebook lost it
+            return None
+        if feedback and not kept[0].exists():                          # graded without feedback, wanted now
             return None
         return dict(hit["row"])
 
@@ -391,7 +398,8 @@ class Cache:
 
 
 def plan(found: list[Found], wanted: list[str], templates: dict[str, Path], main: Path, cache: Cache,
-         timeout: float, memory: int, max_scores: dict[str, float]) -> tuple[dict, list[Job], int]:
+         timeout: float, memory: int, max_scores: dict[str, float],
+         feedback: bool = True) -> tuple[dict, list[Job], int]:
     """(rows known without running anything, jobs to run, how many rows came from the cache).
 
     A submission is not run when its cached row still holds or when the pre-check finds it invalid."""
@@ -403,7 +411,7 @@ def plan(found: list[Found], wanted: list[str], templates: dict[str, Path], main
         if f.module not in wanted:
             continue
         key = cache_key(f)
-        cached = cache.row(f, key, limits, main)
+        cached = cache.row(f, key, limits, main, feedback)
         if cached is not None:
             rows[(f.student, f.module)] = cached
             n_cached += 1
@@ -419,7 +427,7 @@ def plan(found: list[Found], wanted: list[str], templates: dict[str, Path], main
             cache.store(f, key, row, limits)
             continue
         detail = "; ".join(x for x in (f.detail, modified and f"read-only cells changed: {modified}") if x)
-        jobs.append(Job(f, key, detail, timeout, "tests modified" if modified else "graded"))
+        jobs.append(Job(f, key, detail, timeout, "tests modified" if modified else "graded", feedback))
     return rows, jobs, n_cached
 
 
@@ -442,7 +450,8 @@ def run_jobs(jobs: list[Job], templates: dict[str, Path], hide_also: list[Path],
     hide = [*hide_also, jobs_base.resolve()]
     try:
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = {pool.submit(run_job, j.found, templates[j.found.module], jobs_base, hide, j.timeout, memory): j
+            futures = {pool.submit(run_job, j.found, templates[j.found.module], jobs_base, hide, j.timeout, memory,
+                                   j.feedback): j
                        for j in jobs}
             for fut in as_completed(futures):
                 run = fut.result()
@@ -470,10 +479,13 @@ def record(job: Job, run: dict, main: Path, out: Path, max_score: float, memory:
     status, why = _status(run, job.timeout, memory)
     row = {"student": f.student, "module": f.module, "score": 0.0, "max_score": max_score,
            "seconds": round(run["outcome"].seconds, 1), "peak_rss_mib": round(run["outcome"].peak_rss / 2**20)}
+    if run["result"].get("autograde_seconds") is not None:
+        # the job's fixed cost: everything but nbgrader's autograde (process start, imports, feedback page, merge)
+        row["fixed_s"] = round(run["outcome"].seconds - run["result"]["autograde_seconds"], 2)
     if status == "graded":
         row["score"] = round(merge(main, run, f.student, f.module), 2)
         status = job.status
-        if run["result"].get("feedback") is False:
+        if job.feedback and run["result"].get("feedback") is False:
             why = "feedback could not be generated"
     else:
         _forget(main, f.student, f.module)
@@ -528,12 +540,14 @@ def write_reports(out: Path, main: Path, table: list[dict], wanted: list[str], w
 
 def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bool = False,
           jobs: int | None = None, timeout: float | None = None, memory: float | None = None,
-          roster: list[str] | None = None, address: str | None = None) -> list[dict]:
+          roster: list[str] | None = None, address: str | None = None, feedback: bool = True) -> list[dict]:
     """Grade everything under ``submissions``; return one row per expected (student, module).
 
     ``timeout`` (seconds) and ``memory`` (bytes) apply to each submission; ``jobs`` submissions
     are graded at once (default: the number of cores). With ``address`` (``auto``, ``HOST:PORT``) every
     submission is a Ray task on that cluster instead (``autograder.cluster``), as many at once as it has CPUs.
+    ``feedback=False`` skips the HTML feedback pages of graded submissions (about 1 s each; a later run that
+    wants them grades those submissions again).
     """
     from nbgrader.api import Gradebook
 
@@ -562,7 +576,7 @@ def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bo
             gb.update_or_create_student(s)
     cache = Cache(out / "cache.json")
     rows, todo, n_cached = plan(found, wanted, templates, main, cache, float(timeout or DEFAULT_TIMEOUT),
-                                memory, max_scores)
+                                memory, max_scores, feedback)
     todo = slowest_first(todo, out / "timings.json")
     if todo and address:
         from autograder.cluster import run_jobs_on_ray
@@ -635,6 +649,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="grade on this Ray cluster (auto, or HOST:PORT): one Ray task per submission")
     p.add_argument("--watch", type=float, default=None, metavar="SECONDS",
                    help="keep grading: every SECONDS, what is new or changed (Ctrl-C stops)")
+    p.add_argument("--no-feedback", action="store_true",
+                   help="no HTML feedback pages for graded submissions (faster; grades and gradebook as usual)")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     roster = None
@@ -643,7 +659,7 @@ def main(argv: list[str] | None = None) -> int:
                   if ln.strip() and not ln.startswith("#")]
     options = dict(only=args.modules.split(",") if args.modules else None, quiet=args.quiet, jobs=args.jobs,
                    timeout=args.timeout, memory=args.memory * 2**30 if args.memory else None, roster=roster,
-                   address=args.address)
+                   address=args.address, feedback=not args.no_feedback)
     if args.watch:
         watch(args.submissions, args.out, args.watch, **options)
         return 0

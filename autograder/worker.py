@@ -1,10 +1,10 @@
-"""Autograde ONE submission in a scratch course root: ``python -m autograder.worker JOB STUDENT MODULE``.
+"""Autograde ONE submission in a scratch course root: ``python -m autograder.worker JOB STUDENT MODULE
+[--no-feedback]``, or, as ``python -m autograder.worker --serve``, a warm worker that forks such a job on each
+request (``autograder.contain.WarmWorker``: the grader's way, so that each job does not import nbgrader again).
 
-Started by ``autograder.grade`` (through ``autograder.contain.run_limited``) with its working
-directory ``JOB/root``, which holds ``nbgrader_config.py``, a gradebook with only this module,
-the module's source and this one student's submission. nbgrader's autograde and
-generate_feedback run in this one process (importing nbgrader costs seconds, so not twice);
-the student's code runs in the kernel nbgrader starts (see ``autograder.contain`` for where
+A job's working directory is ``JOB/root``, which holds ``nbgrader_config.py``, a gradebook with only this module,
+the module's release and this one student's submission. nbgrader's autograde and generate_feedback run in the
+job's process; the student's code runs in the kernel nbgrader starts (see ``autograder.contain`` for where
 that kernel runs and what it can see). The result goes to ``JOB/result.json``; the parent
 merges the grades into the main gradebook.
 """
@@ -29,9 +29,60 @@ def _die_with_parent() -> None:
         pass
 
 
+# What a job imports before its kernel starts; a warm worker imports it once for every job it forks.
+PRELOAD = ("nbgrader.apps", "nbgrader.converters.autograde", "nbgrader.converters.generate_feedback",
+           "nbconvert.exporters.html", "traitlets.config.loader")
+
+
+def serve() -> int:
+    """The warm worker (``autograder.contain.WarmWorker``): import ``PRELOAD``, say ``ready``, then for each
+    request line (JSON: call, argv, cwd, env, log, cgroup_procs) fork a job that calls ``call`` (``module:function``,
+    ``main`` of this module for a grading job) with argv, answer its pid, wait for it and answer its
+    exit code. Ends when its stdin closes (the grader is gone)."""
+    import importlib
+    import os
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    _die_with_parent()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        pid = os.fork()
+        if pid == 0:                                   # the job
+            code = 70
+            try:
+                if req["cgroup_procs"]:                # into the job's memory cgroup before anything else
+                    Path(req["cgroup_procs"]).write_text(str(os.getpid()))
+                os.setsid()                            # its own session: the grader kills it as a group
+                log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                os.chdir(req["cwd"])
+                os.environ.clear()
+                os.environ.update(req["env"])
+                module, _, function = req["call"].partition(":")
+                code = getattr(importlib.import_module(module), function)(req["argv"])
+            except BaseException:                      # noqa: BLE001  (whatever happens, the job's log says it)
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code if isinstance(code, int) else 1)
+        print(json.dumps({"pid": pid}), flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"exit": os.waitstatus_to_exitcode(status)}), flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     _die_with_parent()
+    t0 = time.perf_counter()
     job, student, module = Path(argv[0]), argv[1], argv[2]
+    feedback = "--no-feedback" not in argv[3:]
     root = job / "root"
     from nbgrader.apps import NbGraderAPI
     from traitlets.config.loader import PyFileConfigLoader
@@ -39,14 +90,16 @@ def main(argv: list[str]) -> int:
     config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
     api = NbGraderAPI(config=config)
     start = time.perf_counter()
-    result = {"student": student, "module": module}
+    result = {"student": student, "module": module, "setup_seconds": round(start - t0, 2)}
     ag = api.autograde(module, student, force=True, create=True)
     result["autograde_seconds"] = round(time.perf_counter() - start, 2)
     result["success"] = bool(ag.get("success"))
     result["log"] = (ag.get("log") or "")[-8000:]
     result["error"] = (ag.get("error") or "")[-8000:]
-    if result["success"]:
+    if result["success"] and feedback:
+        fb_start = time.perf_counter()
         fb = api.generate_feedback(module, student, force=True)
+        result["feedback_seconds"] = round(time.perf_counter() - fb_start, 2)
         result["feedback"] = bool(fb.get("success"))
         if not fb.get("success"):
             result["feedback_error"] = (fb.get("error") or fb.get("log") or "")[-4000:]
@@ -55,4 +108,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(serve() if sys.argv[1:] == ["--serve"] else main(sys.argv[1:]))

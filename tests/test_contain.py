@@ -158,3 +158,40 @@ def test_a_kernel_from_the_grading_kernelspec_runs_in_the_jail_over_unix_sockets
         kc.stop_channels()
     finally:
         km.shutdown_kernel(now=True)
+
+
+# ---------------------------------------------------------------- jobs forked by a warm worker
+
+def _warm(code, tmp_path, name, timeout=60):
+    """``code`` run by a job that a warm worker forked (as every grading job is), in a child process of it."""
+    return contain.run_limited(None, tmp_path, {}, timeout=timeout, memory=LIMIT, log=tmp_path / f"{name}.log",
+                               worker_argv=[sys.executable, "-c", code], worker_call="subprocess:call")
+
+
+def test_a_warm_worker_forks_each_job_in_its_own_session_and_is_reused(tmp_path):
+    code = "import os; print('session', os.getsid(0))"
+    first = _warm(code, tmp_path, "one")
+    warm = list(contain.WarmWorker._idle)
+    second = _warm(code, tmp_path, "two")
+    assert first.returncode == 0 and second.returncode == 0, (first, second)
+    s1, s2 = (int(out.output.split()[1]) for out in (first, second))
+    assert s1 != s2 and os.getsid(0) not in (s1, s2), "each job leads a session of its own, not the grader's"
+    assert len(warm) == 1 and contain.WarmWorker._idle == warm, "the second job reused the first job's warm worker"
+    assert warm[0].proc.poll() is None
+
+
+def test_a_forked_job_past_its_time_is_killed_with_its_children(tmp_path):
+    code = "import subprocess, time; subprocess.Popen(['sleep', '317']); time.sleep(300)"
+    out = _warm(code, tmp_path, "slow", timeout=2)
+    assert out.killed == "timeout" and out.seconds < 30, out
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "317"]]
+    fine = _warm("print('next job')", tmp_path, "next")
+    assert fine.returncode == 0 and "next job" in fine.output, "the warm worker still serves after a kill"
+
+
+def test_a_forked_job_is_held_to_its_memory_limit(tmp_path, monkeypatch):
+    hog = _warm(HOG, tmp_path, "hog")
+    assert hog.killed == "memory" and "survived" not in hog.output, hog
+    monkeypatch.setattr(contain, "_cgroup_parent", lambda: None)     # the watchdog, where there is no cgroup
+    hog = _warm(HOG, tmp_path, "hog2")
+    assert hog.killed == "memory" and "survived" not in hog.output, hog
