@@ -83,6 +83,7 @@ def ddp_losses():
     return run_distributed(_ddp, 2)[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_zero_stage_trains_like_ddp_and_matches_the_memory_model(stage, ddp_losses):
     ranks = run_distributed(_zero, 2, stage, timeout_s=300)
@@ -126,6 +127,7 @@ def _bf16(rank, world_size):
             abs(in_bf16.item() - in_fp32.item()), zero.single_partition_of_fp32_groups[0].dtype, moments)
 
 
+@pytest.mark.slow
 def test_bf16_engine_trains_on_the_cpu_accelerator_with_fp32_master_weights():
     # module 06 grades train_micro_batches on a bf16 engine and shows these dtypes (concept question 3)
     steps, weights, logits, loss, rounding, master, moments = run_distributed(_bf16, 2, timeout_s=300)[0]
@@ -151,6 +153,7 @@ def _zero3_files(rank, world_size, root):
     engine.save_checkpoint(root, tag="t")
 
 
+@pytest.mark.slow
 def test_zero3_checkpoint_files_hold_only_partitions(tmp_path):
     # module 06's concept question 5: under ZeRO-3 no file holds a whole parameter
     run_distributed(_zero3_files, 2, str(tmp_path), timeout_s=300)
