@@ -632,7 +632,7 @@ def watch(submissions: Path, out: Path, every: float, **options) -> None:
         say("stopped watching")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("submissions", type=Path, help="folder or .zip of submissions")
@@ -652,7 +652,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-feedback", action="store_true",
                    help="no HTML feedback pages for graded submissions (faster; grades and gradebook as usual)")
     p.add_argument("--quiet", action="store_true")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     roster = None
     if args.students:
         roster = [ln.strip() for ln in args.students.read_text(encoding="utf-8").splitlines()
