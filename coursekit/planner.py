@@ -14,9 +14,12 @@ and the model-state bytes of this rank (:func:`coursekit.memory.rank_bytes` for 
 against a measurement (:func:`compare`).
 
 What is counted is *model state*: parameters, gradients and optimizer state (Adam(W): two moments,
-plus the fp32 master copy where one exists). Activations, communication buffers (DDP's buckets),
+plus the fp32 master copy where one exists). Communication buffers (DDP's buckets),
 gathered FSDP2/ZeRO-3 units and the allocator's overhead come on top; on a GPU,
-``torch.cuda.max_memory_allocated`` shows them.
+``torch.cuda.max_memory_allocated`` shows them. *Activations* (what the forward pass keeps for the backward pass)
+have a model of their own for the course's ViT, with and without activation checkpointing and tensor parallelism
+(:func:`vit_activation_bytes`), measured by :func:`saved_activations` (the :class:`StepMeter` does it when the
+forward pass runs inside ``meter.forward()``).
 """
 from __future__ import annotations
 
@@ -34,10 +37,16 @@ STRATEGIES = {
     "zero1": "DeepSpeed ZeRO-1: optimizer state partitioned",
     "zero2": "DeepSpeed ZeRO-2: + gradients partitioned",
     "zero3": "DeepSpeed ZeRO-3: + parameters partitioned",
+    "hsdp": "HSDP (fully_shard on a 2-D mesh): sharded within a node, replicated across nodes",
+    "tp_fsdp": "TP x FSDP2: layers split over the TP group, then sharded over the data-parallel group",
 }
 PRECISIONS = ("fp32", "mixed")
+#: the course's GPU-sized ViT (runtime.SIZES["gpu"], about 300M parameters): the planner's activations by default
+GPU_VIT = {"depth": 24, "width": 1024, "heads": 16, "patch": 4}
+ACTIVATIONS_COLOUR = "#c44e52"
 #: the names a student may also use for a strategy
-ALIASES = {"ray_ddp": "ddp", "torchrun_ddp": "ddp", "zero-1": "zero1", "zero-2": "zero2", "zero-3": "zero3"}
+ALIASES = {"ray_ddp": "ddp", "torchrun_ddp": "ddp", "zero-1": "zero1", "zero-2": "zero2", "zero-3": "zero3",
+           "tp": "tp_fsdp", "tp_dp": "tp_fsdp", "tp-fsdp": "tp_fsdp"}
 
 
 def _strategy(name: str) -> str:
@@ -84,8 +93,28 @@ def zero_bytes(num_params: int, world_size: int, stage: int, precision: str = "m
     }
 
 
+def _divides(part: int, whole: int, what: str) -> int:
+    if int(part) != part or part < 1 or whole % int(part):
+        raise ValueError(f"{what} must be a whole number that divides the world size ({whole}), not {part!r}")
+    return int(part)
+
+
+def _sharded_params(key: str, num_params: int, world_size: int, ranks_per_node, tp, tp_params) -> float:
+    """Parameters one rank holds under FSDP2, HSDP or TP x FSDP2 (before rounding up)."""
+    if key == "fsdp2":
+        return num_params / world_size
+    if key == "hsdp":
+        return num_params / _divides(ranks_per_node or world_size, world_size, "ranks_per_node (HSDP's shard group)")
+    tp = _divides(tp or ranks_per_node or world_size, world_size, "tp (the tensor-parallel group)")
+    split = num_params if tp_params is None else tp_params
+    if not 0 <= split <= num_params:
+        raise ValueError(f"tp_params ({tp_params}) must be between 0 and num_params ({num_params})")
+    return (split / tp + (num_params - split)) / (world_size // tp)
+
+
 def predict(num_params: int, world_size: int, strategy: str, precision: str = "fp32",
-            offload: bool = False, accumulation: bool = True) -> dict[str, float]:
+            offload: bool = False, accumulation: bool = True, *, ranks_per_node: int | None = None,
+            tp: int | None = None, tp_params: int | None = None) -> dict[str, float]:
     """Bytes of model state per rank: ``params``, ``grads``, ``optimizer``, their sum on the
     accelerator (``device``) and what offload keeps in host memory instead (``host``).
 
@@ -103,6 +132,14 @@ def predict(num_params: int, world_size: int, strategy: str, precision: str = "f
       accumulation. At the last micro-batch (and always with ``gradient_accumulation_steps=1``) it reduces
       the gradients into this rank's partition and frees the rest, so ZeRO-1 then holds what ZeRO-2 holds
       (measured in module 07). ``accumulation=False`` predicts that.
+    - HSDP (``hsdp``) shards like FSDP2 over the ``ranks_per_node`` ranks of one node (the mesh's "shard"
+      dimension) and replicates that shard across the nodes ("replicate"): per-rank bytes are FSDP2's on
+      ``ranks_per_node`` ranks, whatever the number of nodes (default: one node, plain FSDP2).
+    - TP x FSDP2 (``tp_fsdp``) splits the ``tp_params`` parameters that tensor parallelism parallelizes (the
+      blocks' linear layers: :func:`vit_parameters`; default all) over the ``tp`` ranks of a TP group (default
+      ``ranks_per_node``, else all ranks: TP stays inside a node), keeps the rest whole on each of them, then
+      shards both over the ``world_size / tp`` ranks of the data-parallel dimension: per rank
+      ``16 x (tp_params / tp + other) / dp`` bytes.
     """
     key = _strategy(strategy)
     if precision not in PRECISIONS:
@@ -117,8 +154,8 @@ def predict(num_params: int, world_size: int, strategy: str, precision: str = "f
             raise ValueError("DDP cannot offload: every rank keeps a full copy on its device. "
                              "Use FSDP2 (CPUOffloadPolicy) or ZeRO-Offload (zero1/zero2/zero3)")
         state = {"params": 4.0 * num_params, "grads": 4.0 * num_params, "optimizer": 8.0 * num_params}
-    elif key == "fsdp2":
-        shard = math.ceil(num_params / world_size)
+    elif key in ("fsdp2", "hsdp", "tp_fsdp"):
+        shard = math.ceil(_sharded_params(key, num_params, int(world_size), ranks_per_node, tp, tp_params))
         state = {"params": 4.0 * shard, "grads": 4.0 * shard, "optimizer": 8.0 * shard}
         if offload:
             state, host = dict.fromkeys(KINDS, 0.0), state
@@ -132,28 +169,154 @@ def predict(num_params: int, world_size: int, strategy: str, precision: str = "f
     return {**state, "device": sum(state[k] for k in KINDS), "host": sum(host[k] for k in KINDS)}
 
 
+#: per-row options of a measurement that :func:`compare` passes on to :func:`predict` (and keeps apart)
+OPTIONS = ("ranks_per_node", "tp", "tp_params", "checkpointing")
+
+
+def _given(value) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
 def compare(measured, num_params: int, precision: str = "fp32", tolerance: float = 0.10,
-            accumulation: bool = True):
+            accumulation: bool = True, vit: dict | None = None):
     """Prediction against measurement, one row per strategy and world size of ``measured``.
 
     ``measured`` is a DataFrame (or list of dicts) with ``strategy``, ``world_size`` and the bytes
     of ``params``, ``grads`` and ``optimizer`` of a rank (the largest rank per strategy counts).
+    Rows may carry :data:`OPTIONS`: ``ranks_per_node`` (HSDP), ``tp`` and ``tp_params`` (TP x FSDP2) go to
+    :func:`predict`; runs that differ in them, or in ``checkpointing``, are compared apart.
     Returns a DataFrame with the predicted and measured totals, their ratio and ``within``
-    (``|ratio - 1| <= tolerance``); ``accumulation`` as in :func:`predict`."""
+    (``|ratio - 1| <= tolerance``); ``accumulation`` as in :func:`predict`.
+
+    With ``vit`` (the ViT's ``depth``, ``width``, ``heads``, ``patch``), rows that carry ``activations`` (bytes
+    saved for the backward pass, :func:`saved_activations`) and ``batch`` (the samples of that forward pass) are
+    also checked against :func:`vit_activation_bytes`: ``within`` then needs both."""
     import pandas as pd
 
     df = pd.DataFrame(measured).copy()
     df["measured"] = df[list(KINDS)].sum(axis=1)
-    worst = df.loc[df.groupby(["strategy", "world_size"], sort=False)["measured"].idxmax()]
+    options = [c for c in OPTIONS if c in df.columns]
+    worst = df.loc[df.groupby(["strategy", "world_size", *options], sort=False, dropna=False)["measured"].idxmax()]
     rows = []
     for _, row in worst.iterrows():
+        given = {k: row[k] for k in options if _given(row[k])}
+        shape = {k: int(given[k]) for k in ("ranks_per_node", "tp", "tp_params") if k in given}
         predicted = predict(num_params, int(row["world_size"]), row["strategy"], precision,
-                            accumulation=accumulation)["device"]
+                            accumulation=accumulation, **shape)["device"]
         ratio = row["measured"] / predicted if predicted else float("nan")
-        rows.append({"strategy": row["strategy"], "world_size": int(row["world_size"]),
-                     "predicted": predicted, "measured": int(row["measured"]), "measured / predicted": ratio,
-                     "within": abs(ratio - 1) <= tolerance})
+        out = {"strategy": row["strategy"], "world_size": int(row["world_size"]), **given,
+               "predicted": predicted, "measured": int(row["measured"]), "measured / predicted": ratio,
+               "within": abs(ratio - 1) <= tolerance}
+        if vit is not None and _given(row.get("activations")) and _given(row.get("batch")):
+            expected = vit_activation_bytes(int(row["batch"]), **vit, checkpointing=bool(given.get("checkpointing")),
+                                            tp=int(given.get("tp", 1)))
+            out.update({"activations predicted": expected, "activations measured": int(row["activations"]),
+                        "activations ratio": row["activations"] / expected})
+            out["within"] = out["within"] and abs(out["activations ratio"] - 1) <= tolerance
+        rows.append(out)
     return pd.DataFrame(rows)
+
+
+def label(row) -> str:
+    """A short name for a row of :func:`compare`: ``fsdp2 (N=2)``, ``hsdp (N=4, 2/node)``, ``tp_fsdp (N=4, tp=2)``,
+    ``+ AC`` for activation checkpointing."""
+    parts = [f"N={int(row['world_size'])}"]
+    if _given(row.get("ranks_per_node")):
+        parts.append(f"{int(row['ranks_per_node'])}/node")
+    if _given(row.get("tp")):
+        parts.append(f"tp={int(row['tp'])}")
+    checkpointing = row.get("checkpointing")
+    return f"{row['strategy']} ({', '.join(parts)})" + (" + AC" if _given(checkpointing) and checkpointing else "")
+
+
+# --- activations: the course ViT's model, and the measurement -------------------------------
+
+#: the time activation checkpointing adds, as a fraction of a step: one more forward pass of the blocks, out of
+#: forward + backward (about 1 + 2 forward passes' worth of work)
+RECOMPUTE_COST = 1 / 3
+
+
+def vit_parameters(depth: int, width: int, heads: int = 4, patch: int = 7, image: int = 28, channels: int = 1,
+                   num_classes: int = 10, mlp_ratio: int = 4) -> dict[str, int]:
+    """The course ViT's parameters (``total``) and those tensor parallelism splits over a TP group (``tp``).
+
+    TP (Megatron's plan, as module 07's FSDP2 script applies it) splits each block's ``qkv`` and ``mlp[0]``
+    column-wise (weights and biases) and ``proj`` and ``mlp[2]`` row-wise (weights; their biases stay whole):
+    ``12 w^2 + 7 w`` per block. The embedding, the class token, the positions, the norms and the head stay
+    whole on every rank of the TP group."""
+    del heads                                        # the number of heads does not change the parameters
+    w, h = width, mlp_ratio * width
+    block = (3 * w * w + 3 * w) + (w * w + w) + (w * h + h) + (h * w + w) + 4 * w     # qkv, proj, mlp, two norms
+    tokens = (image // patch) ** 2 + 1
+    total = (channels * patch * patch * w + w) + w + tokens * w + depth * block + 2 * w + (w * num_classes + num_classes)
+    return {"total": total, "tp": depth * (4 * w * w + 2 * w * h + 3 * w + h)}
+
+
+def vit_activation_bytes(batch: int, depth: int, width: int, heads: int, patch: int = 7, image: int = 28,
+                         channels: int = 1, num_classes: int = 10, mlp_ratio: int = 4,
+                         checkpointing: bool = False, tp: int = 1, bytes_per_value: int = 4) -> float:
+    """Bytes the course ViT's forward pass keeps for the backward pass, for ``batch`` samples on one rank.
+
+    The model counts the tensors autograd saves (each storage once), with ``T`` tokens (patches + the class
+    token), width ``D``, ``H`` heads and the MLP ``m`` times wider, per sample:
+
+    - **a block**: its input, the first norm's output, the ``qkv`` output (3), the attention's output, the
+      residual sum and the second norm's output (1 each: ``8 T D``), the MLP's hidden layer before and after
+      GELU (``2 m T D``), the norms' mean and 1/std (``4 T``) and the fused attention's log-sum-exp (``H T``:
+      flash attention keeps no ``T x T`` score matrix). ``(8 + 2m) T D + (4 + H) T`` values: 16 T D for m = 4.
+    - **around the blocks**: the images (``C x image^2``, the patch embedding's input), the last block's output
+      (``T D``: the final norm reads its class token, a view of it), the norm's output and statistics
+      (``D + 2``), the log-softmax (``classes``) and the integer label (8 bytes).
+    - **activation checkpointing** (``checkpoint`` per block) keeps only each block's input (``T D``); the
+      backward pass recomputes one block at a time (its activations live again, briefly, on top of this) and
+      pays one more forward pass of the blocks (:data:`RECOMPUTE_COST` of a step).
+    - **tensor parallelism** over ``tp`` ranks (no sequence parallelism) splits what lies between a column-wise
+      and a row-wise layer, ``(4 + 2m) T D + H T`` per block, over the TP group; the block's input, the norms'
+      inputs and outputs and the residual stay whole on every TP rank.
+
+    ``bytes_per_value`` is 4 in fp32 (what the course measures on CPU); with bf16 autocast most saved tensors
+    take 2 (the norms' statistics stay fp32)."""
+    if tp < 1 or heads % tp:
+        raise ValueError(f"tp ({tp}) must be at least 1 and divide the number of heads ({heads})")
+    t, d, m = (image // patch) ** 2 + 1, width, mlp_ratio
+    if checkpointing:
+        per_block = t * d
+    else:
+        per_block = 4 * t * d + 4 * t + ((4 + 2 * m) * t * d + heads * t) / tp
+    around = channels * image * image + t * d + d + 2 + num_classes
+    return batch * ((depth * per_block + around) * bytes_per_value + 8)
+
+
+@contextlib.contextmanager
+def saved_activations(model=None):
+    """Measures what a forward pass run inside it keeps for the backward pass, on this rank.
+
+    >>> with saved_activations(model) as saved:
+    ...     loss = F.cross_entropy(model(inputs), targets)
+    >>> saved["bytes"]
+
+    Every tensor autograd saves passes through a saved-tensors hook; each storage counts once (``q``, ``k`` and
+    ``v`` are views of one ``qkv`` output), with the bytes it holds when the block ends (FSDP2 frees a block's
+    gathered parameters after its forward pass: they count 0). The ``model``'s parameters (the weights a layer
+    keeps for its input's gradient) are not activations and are left out. A ``DTensor`` counts by its local
+    shard. Under ``torch.utils.checkpoint`` (non-reentrant) only the checkpointed blocks' inputs are saved."""
+    import torch
+
+    from coursekit.memory import local_tensor
+
+    held: dict[int, object] = {}
+
+    def pack(t):
+        storage = local_tensor(t).untyped_storage()
+        held.setdefault(storage.data_ptr(), storage)
+        return t
+
+    result = {"bytes": 0}
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield result
+    params = set() if model is None else {local_tensor(p).untyped_storage().data_ptr() for p in model.parameters()}
+    result["bytes"] = sum(s.nbytes() for ptr, s in held.items() if ptr not in params)
+    held.clear()
 
 
 # --- measuring, the same way in every script ------------------------------------------------
@@ -174,6 +337,7 @@ class StepMeter:
             raise ValueError("warmup and steps must be at least 1 (the optimizer state appears after one step)")
         self.warmup, self.steps = warmup, steps
         self.ticks, self.samples, self.start, self.elapsed, self.memory = 0, 0, None, None, None
+        self.activations: dict | None = None
 
     def tick(self, model, optimizer=None, samples: int = 0) -> None:
         self.ticks += 1
@@ -186,12 +350,27 @@ class StepMeter:
             if self.ticks == self.warmup + 1 + self.steps:
                 self.elapsed = now - self.start
 
+    def forward(self, model=None, samples: int = 0):
+        """Wrap the forward pass (the loss included) in it: on the step whose memory the meter counts, it also
+        measures the activations that pass keeps for the backward pass (:func:`saved_activations`, ``samples``
+        being the batch of this rank), reported in ``results()["memory"]`` as ``activations`` and ``batch``."""
+        if self.ticks != self.warmup:
+            return contextlib.nullcontext()
+        return self._measure_forward(model, samples)
+
+    @contextlib.contextmanager
+    def _measure_forward(self, model, samples: int):
+        with saved_activations(model) as saved:
+            yield saved
+        self.activations = {"activations": saved["bytes"], "batch": int(samples)}
+
     @property
     def done(self) -> bool:
         return self.elapsed is not None
 
     def results(self) -> dict:
-        """``samples_per_s`` (whole job), ``step_ms``, ``world_size`` and ``memory`` (this rank's bytes)."""
+        """``samples_per_s`` (whole job), ``step_ms``, ``world_size`` and ``memory`` (this rank's bytes; with
+        :meth:`forward`, also the ``activations`` it measured and their ``batch``)."""
         if not self.done:
             raise RuntimeError(f"the meter needs {self.warmup + 1 + self.steps} steps and saw {self.ticks}: "
                                "train longer (more samples or epochs) or measure fewer steps")
@@ -200,7 +379,7 @@ class StepMeter:
         world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         return {"samples_per_s": world_size * self.samples / self.elapsed,
                 "step_ms": 1000 * self.elapsed / self.steps, "world_size": world_size,
-                "memory": dict(self.memory)}
+                "memory": {**self.memory, **(self.activations or {})}}
 
 
 # --- the widget ---------------------------------------------------------------------------
@@ -216,11 +395,20 @@ class MemoryPlanner(Controls):
 
     ``measured`` (optional) is what :func:`compare` returns for real runs: the planner draws their measured and
     predicted bytes side by side, beside its own bars. Without a front end nobody moves the controls: the values
-    passed in are what you get."""
+    passed in are what you get.
+
+    ``ranks_per_node`` sets HSDP's shard group and TP's group (tensor parallelism stays inside a node; the bars
+    assume it splits every parameter). ``batch_per_rank`` > 0 adds the activations of a ViT of shape ``vit``
+    (default: the course's GPU ViT, about 300M parameters) for that many samples per rank, with or without
+    ``checkpointing`` (:func:`vit_activation_bytes`); 0 draws model state only."""
 
     def __init__(self, num_params: float = 300e6, world_size: int = 8, precision: str = "mixed",
-                 strategy: str = "zero2", offload: bool = False, budget_gib: float = 24.0, measured=None):
+                 strategy: str = "zero2", offload: bool = False, budget_gib: float = 24.0, measured=None,
+                 ranks_per_node: int | None = None, batch_per_rank: int = 0, checkpointing: bool = False,
+                 vit: dict | None = None):
         import ipywidgets as w
+
+        self.vit = dict(vit or GPU_VIT)
 
         self.millions = w.BoundedFloatText(value=num_params / 1e6, min=0.001, max=1e7, step=1,
                                            description="parameters (M)", style=STYLE, layout=layout())
@@ -234,11 +422,19 @@ class MemoryPlanner(Controls):
                                   layout=layout())
         self.budget = w.BoundedFloatText(value=float(budget_gib), min=0.01, max=1e5, step=1,
                                          description="device memory (GiB)", style=STYLE, layout=layout())
+        self.ranks_per_node = w.IntSlider(value=int(ranks_per_node or min(8, int(world_size))), min=1, max=64,
+                                          description="ranks per node (HSDP, TP)", style=STYLE, layout=layout())
+        self.batch = w.BoundedIntText(value=int(batch_per_rank), min=0, max=10**6, description="batch per rank (ViT)",
+                                      style=STYLE, layout=layout())
+        self.checkpointing = w.Checkbox(value=bool(checkpointing), description="activation checkpointing",
+                                        style=STYLE, layout=layout())
         self.answer, self.chart = w.HTML(), w.HTML()
         self.measured = None if measured is None else _measured_bars(measured)
-        self._watch(self.millions, self.world_size, self.precision, self.strategy, self.offload, self.budget)
+        self._watch(self.millions, self.world_size, self.precision, self.strategy, self.offload, self.budget,
+                    self.ranks_per_node, self.batch, self.checkpointing)
         controls = w.VBox([w.HTML("<b>Memory planner</b> &nbsp; model state per rank"), self.millions,
-                           self.world_size, self.precision, self.strategy, self.offload, self.budget])
+                           self.world_size, self.ranks_per_node, self.precision, self.strategy, self.offload,
+                           self.budget, self.batch, self.checkpointing])
         side = [self.chart] + ([w.HTML(self.measured)] if self.measured else [])
         self.widget = w.VBox([w.HBox([controls, w.VBox(side)]), self.answer])
         self._refresh()
@@ -248,15 +444,24 @@ class MemoryPlanner(Controls):
         return int(round(self.millions.value * 1e6))
 
     def prediction(self, strategy: str | None = None) -> dict[str, float]:
-        """The prediction for the current controls (or for another ``strategy``)."""
-        return predict(self.num_params, self.world_size.value, strategy or self.strategy.value,
-                       self.precision.value, self.offload.value)
+        """The prediction for the current controls (or for another ``strategy``); with a batch per rank, the
+        ViT's ``activations`` are in ``device`` too."""
+        key = _strategy(strategy or self.strategy.value)
+        node = min(self.ranks_per_node.value, self.world_size.value)   # fewer ranks than a node: one node
+        shape = {"ranks_per_node": node} if key == "hsdp" else {"tp": node} if key == "tp_fsdp" else {}
+        p = predict(self.num_params, self.world_size.value, key, self.precision.value, self.offload.value, **shape)
+        if not self.batch.value:                             # model state only: predict's answer as it is
+            return p
+        activations = vit_activation_bytes(self.batch.value, **self.vit, checkpointing=self.checkpointing.value,
+                                           tp=shape.get("tp", 1),
+                                           bytes_per_value=2 if self.precision.value == "mixed" else 4)
+        return {**p, "activations": activations, "device": p["device"] + activations}
 
     def bars(self) -> dict[str, float]:
         """Device bytes per rank of every strategy for the current controls (the bars drawn)."""
         out = {}
         for key in STRATEGIES:
-            with contextlib.suppress(ValueError):            # DDP has no offload
+            with contextlib.suppress(ValueError):            # DDP has no offload; HSDP and TP need whole nodes
                 out[key] = self.prediction(key)["device"]
         return out
 
@@ -267,7 +472,7 @@ class MemoryPlanner(Controls):
         rows = []
         for key in self.bars():
             p = self.prediction(key)
-            rows.append({"strategy": key, **{k: p[k] / 2**30 for k in (*KINDS, "device", "host")},
+            rows.append({"strategy": key, **{k: p.get(k, 0.0) / 2**30 for k in (*KINDS, "activations", "device", "host")},
                          "fits": p["device"] <= self.budget.value * 2**30})
         return pd.DataFrame(rows).set_index("strategy")
 
@@ -283,26 +488,36 @@ class MemoryPlanner(Controls):
                    else "<span style='color:#b00020'>does not fit</span>")
         parts = ", ".join(f"{k} {format_bytes(p[k])}" for k in KINDS)
         host = f"; on the host: {format_bytes(p['host'])}" if p["host"] else ""
+        if p.get("activations"):
+            parts += f", activations {format_bytes(p['activations'])}"
+            left = "buffers and the CUDA context need room too"
+        else:
+            left = "model state only: activations, buffers and the CUDA context need room too"
         self.answer.value = (f"per rank on the device: <b>{format_bytes(p['device'])}</b> ({parts}){host}; "
-                             f"{verdict} in {self.budget.value:g} GiB (model state only: activations, "
-                             "buffers and the CUDA context need room too)")
+                             f"{verdict} in {self.budget.value:g} GiB ({left})")
 
     def _chart(self) -> str:
         budget, bars = self.budget.value * 2**30, self.bars()
         rows, scale = [], max(bars.values(), default=0.0) or 1.0
+        activations = (f" &nbsp; <span style='color:{ACTIVATIONS_COLOUR}'>&#9632;</span> activations "
+                       f"({self.batch.value} per rank{', checkpointed' if self.checkpointing.value else ''})"
+                       if self.batch.value else "")
         for key in bars:
             p = self.prediction(key)
             mark = "<b>&#9654;</b>" if key == self.strategy.value else "&nbsp;&nbsp;"
             over = " <span style='color:#b00020'>over</span>" if p["device"] > budget else ""
-            bar = stacked_bar([(k, p[k], COLOURS[k]) for k in KINDS], scale, width_px=220,
-                              label=f"{format_bytes(p['device'])}{over}")
+            bar = stacked_bar([(k, p[k], COLOURS[k]) for k in KINDS] + [("activations", p.get("activations", 0.0),
+                                                                          ACTIVATIONS_COLOUR)],
+                              scale, width_px=220, label=f"{format_bytes(p['device'])}{over}")
             rows.append(f"<tr><td>{mark} {key}</td><td>{bar}</td></tr>")
         return (f"<b>Predicted, per rank</b> ({self.world_size.value} ranks, {self.precision.value}; "
                 f"<span style='color:#b00020'>over</span>: more than {self.budget.value:g} GiB)<table>"
-                f"{''.join(rows)}</table>{legend({k: k for k in KINDS})}")
+                f"{''.join(rows)}</table>{legend({k: k for k in KINDS})}{activations}")
 
     def __repr__(self) -> str:
         return (f"MemoryPlanner(num_params={self.num_params}, world_size={self.world_size.value}, "
+                f"ranks_per_node={self.ranks_per_node.value}, batch_per_rank={self.batch.value}, "
+                f"checkpointing={self.checkpointing.value}, "
                 f"precision={self.precision.value!r}, strategy={self.strategy.value!r}, "
                 f"offload={self.offload.value})")
 
@@ -315,8 +530,8 @@ def _measured_bars(checked) -> str:
     scale = float(max(df["measured"].max(), df["predicted"].max())) or 1.0
     rows = []
     for _, r in df.iterrows():
-        label = f"{r['strategy']} (N={int(r['world_size'])})"
-        rows.append(f"<tr><td rowspan=2>{label}</td><td>"
+        name = label(r)
+        rows.append(f"<tr><td rowspan=2>{name}</td><td>"
                     + stacked_bar([("measured", r["measured"], COLOURS["measured"])], scale, 160,
                                   f"{format_bytes(r['measured'])} measured")
                     + "</td></tr><tr><td>"

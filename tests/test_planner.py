@@ -166,3 +166,132 @@ def test_zero1_without_accumulation_is_zero2():
     assert predict(1000, 4, "zero1", accumulation=False) == predict(1000, 4, "zero2")
     assert predict(1000, 4, "zero1")["grads"] == 4000
     assert predict(1000, 4, "zero3", accumulation=False) == predict(1000, 4, "zero3")
+
+
+# --- HSDP, tensor parallelism and activations (issue 29) ------------------------------------
+
+def test_hsdp_shards_over_a_node_whatever_the_number_of_nodes():
+    for nodes in (1, 2, 8):
+        assert predict(1000, 4 * nodes, "hsdp", ranks_per_node=4) == predict(1000, 4, "fsdp2")
+    assert predict(1000, 8, "hsdp") == predict(1000, 8, "fsdp2"), "default: one node"
+    assert predict(1000, 8, "hsdp", ranks_per_node=2)["device"] == 4 * predict(1000, 8, "fsdp2")["device"]
+    with pytest.raises(ValueError, match="divides the world size"):
+        predict(1000, 6, "hsdp", ranks_per_node=4)
+
+
+def test_tp_splits_its_layers_over_the_tp_group_then_fsdp_shards_over_the_rest():
+    p = predict(1000, 8, "tp_fsdp", tp=2, tp_params=800)          # (800 / 2 + 200) / 4 = 150 per rank
+    assert (p["params"], p["grads"], p["optimizer"]) == (600, 600, 1200)
+    assert predict(1000, 8, "tp_fsdp", tp=2) == predict(1000, 8, "fsdp2"), "all split: FSDP2's bytes"
+    assert predict(1000, 8, "tp_fsdp", ranks_per_node=4, tp_params=0) == predict(1000, 2, "fsdp2"), \
+        "nothing split: the TP group holds whole copies, only the data-parallel ranks shard"
+    for bad in (dict(tp=3), dict(tp=2, tp_params=2000)):
+        with pytest.raises(ValueError):
+            predict(1000, 8, "tp_fsdp", **bad)
+
+
+def test_vit_parameters_and_what_tensor_parallelism_splits():
+    from coursekit.planner import vit_parameters
+
+    for shape in (SHAPE, dict(depth=3, width=96, heads=4, patch=7), dict(depth=1, width=32, heads=2, patch=4)):
+        model = ViT(**shape)
+        split = sum(p.numel() for name, p in model.named_parameters() if name.startswith("blocks.")
+                    and any(k in name for k in ("qkv.", "mlp.0.", "proj.weight", "mlp.2.weight")))
+        assert vit_parameters(**shape) == {"total": sum(p.numel() for p in model.parameters()), "tp": split}
+
+
+def _saved_by_forward(model, images, labels):
+    from coursekit.planner import saved_activations
+
+    with saved_activations(model) as saved:
+        loss = F.cross_entropy(model(images), labels)
+    loss.backward()
+    return saved["bytes"]
+
+
+@pytest.mark.parametrize("shape", [SHAPE, dict(depth=3, width=96, heads=4, patch=7)], ids=["smoke", "cpu"])
+def test_the_activation_model_is_what_autograd_saves(shape):
+    """vit_activation_bytes against the bytes the forward pass really keeps, at two batch sizes, with and without
+    activation checkpointing (torch.utils.checkpoint on every block)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from coursekit.planner import vit_activation_bytes
+
+    torch.manual_seed(0)
+    model = ViT(**shape)
+    for batch in (3, 16):
+        images, labels = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
+        full = _saved_by_forward(model, images, labels)
+        assert full == pytest.approx(vit_activation_bytes(batch, **shape), rel=0.01)
+        for block in model.blocks:
+            block.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=False))(type(block).forward.__get__(block))
+        kept = _saved_by_forward(model, images, labels)
+        for block in model.blocks:
+            del block.forward
+        assert kept == pytest.approx(vit_activation_bytes(batch, **shape, checkpointing=True), rel=0.01)
+        assert kept < full / 5, "checkpointing keeps the blocks' inputs only"
+    assert vit_activation_bytes(16, **shape) == pytest.approx(16 / 3 * vit_activation_bytes(3, **shape))
+    with pytest.raises(ValueError, match="divide the number of heads"):
+        vit_activation_bytes(4, **shape, tp=3)
+
+
+def test_step_meter_measures_the_activations_of_its_counted_step():
+    torch.manual_seed(0)
+    model = ViT(**SHAPE)
+    optimizer = torch.optim.AdamW(model.parameters())
+    meter = StepMeter(warmup=1, steps=1)
+    batches = []
+    for step in range(3):
+        batch = 2 + step                                  # a different batch each step: which one was measured?
+        images, labels = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
+        with meter.forward(model, batch):
+            loss = F.cross_entropy(model(images), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        meter.tick(model, optimizer, batch)
+        optimizer.step()
+        batches.append(batch)
+    memory = meter.results()["memory"]
+    assert memory["batch"] == 3, "the step after the warm-up, whose model state the meter counts"
+    from coursekit.planner import vit_activation_bytes
+    assert memory["activations"] == pytest.approx(vit_activation_bytes(3, **SHAPE), rel=0.01)
+
+
+def test_compare_keeps_runs_with_other_options_apart_and_checks_activations():
+    from coursekit.planner import label, vit_activation_bytes
+
+    state = {"params": 4 * 500, "grads": 4 * 500, "optimizer": 8 * 500}
+    good = vit_activation_bytes(8, **SHAPE)
+    rows = [{"strategy": "fsdp2", "world_size": 2, **state, "activations": good, "batch": 8},
+            {"strategy": "fsdp2", "world_size": 2, **state, "checkpointing": True, "batch": 8,
+             "activations": vit_activation_bytes(8, **SHAPE, checkpointing=True)},
+            {"strategy": "hsdp", "world_size": 4, "ranks_per_node": 2, **state},
+            {"strategy": "tp_fsdp", "world_size": 4, "tp": 2, "tp_params": 600, **state, "batch": 8,
+             "activations": good}]                       # TP's activations are less than that: not within
+    table = compare(rows, 1000, vit=SHAPE)
+    assert len(table) == 4 and list(table["within"]) == [True, True, True, False], table.to_string()
+    assert table.loc[3, "activations ratio"] > 1.2
+    assert table.loc[3, "predicted"] == 16 * (600 / 2 + 400) / 2
+    assert [label(r) for _, r in table.iterrows()] == ["fsdp2 (N=2)", "fsdp2 (N=2) + AC", "hsdp (N=4, 2/node)",
+                                                       "tp_fsdp (N=4, tp=2)"]
+    assert "activations ratio" not in compare(rows, 1000).columns, "no ViT shape, no activation check"
+
+
+def test_widget_draws_hsdp_tp_and_activations():
+    from coursekit.planner import vit_activation_bytes
+
+    planner = MemoryPlanner(num_params=300e6, world_size=16, ranks_per_node=8, precision="mixed", strategy="hsdp")
+    bars = planner.bars()
+    assert bars["hsdp"] == predict(300e6, 8, "fsdp2", "mixed")["device"]
+    assert bars["tp_fsdp"] == predict(300e6, 16, "tp_fsdp", "mixed", tp=8)["device"]
+    planner.world_size.value = 12                        # not whole nodes of 8: no HSDP or TP bar, a reason instead
+    assert "hsdp" not in planner.bars() and "divides the world size" in planner.answer.value
+    planner.world_size.value = 16
+    planner.batch.value = 4
+    with_activations = planner.prediction()
+    assert with_activations["activations"] == vit_activation_bytes(4, 24, 1024, 16, 4, bytes_per_value=2)
+    planner.checkpointing.value = True
+    assert planner.prediction()["activations"] < with_activations["activations"] / 5
+    assert planner.bars()["tp_fsdp"] - predict(300e6, 16, "tp_fsdp", "mixed", tp=8)["device"] == \
+        vit_activation_bytes(4, 24, 1024, 16, 4, checkpointing=True, tp=8, bytes_per_value=2)
+    assert "activations" in planner.chart.value and "checkpointed" in planner.chart.value
