@@ -505,7 +505,7 @@ def record(job: Job, run: dict, main: Path, out: Path, max_score: float, memory:
 # ---------------------------------------------------------------- reports
 
 def write_reports(out: Path, main: Path, table: list[dict], wanted: list[str], workers: int, graded_now: int,
-                  wall_s: float) -> None:
+                  wall_s: float, jobs_wall_s: float = 0.0) -> None:
     """grades.csv, nbgrader's own export of the gradebook (nbgrader-grades.csv, for an LMS), the feedback
     folder (one page per row that was graded) and timings.json."""
     from nbgrader.api import Gradebook
@@ -528,12 +528,14 @@ def write_reports(out: Path, main: Path, table: list[dict], wanted: list[str], w
         secs = sorted(r["seconds"] for r in table if r["module"] == m and r["status"] in ("graded", "tests modified"))
         if secs:
             peaks = [r.get("peak_rss_mib", 0) for r in table if r["module"] == m]
+            fixed = [r["fixed_s"] for r in table if r["module"] == m and r.get("fixed_s") is not None]
             timings[m] = {"submissions": len(secs), "mean_s": round(sum(secs) / len(secs), 1),
                           "median_s": secs[len(secs) // 2], "max_s": secs[-1],
-                          "max_tree_rss_mib": max(peaks)}
+                          "max_tree_rss_mib": max(peaks),
+                          "mean_fixed_s": round(sum(fixed) / len(fixed), 2) if fixed else None}
     (out / "timings.json").write_text(json.dumps(
         {"seconds_per_submission": timings, "jobs": workers, "graded_this_run": graded_now,
-         "wall_s": round(wall_s, 1), "cpu_count": os.cpu_count()}, indent=1))
+         "wall_s": round(wall_s, 1), "jobs_wall_s": round(jobs_wall_s, 1), "cpu_count": os.cpu_count()}, indent=1))
 
 
 # ---------------------------------------------------------------- the class
@@ -589,6 +591,7 @@ def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bo
                 f"{'' if jail_available() else f' (no jail: {jail_missing_reason()}; kernels see the whole filesystem and the network)'}")
         runs = run_jobs(todo, templates, _hidden_paths(out, submissions), workers, memory)
     bar = _progress(todo, quiet, "on Ray" if address else "")
+    jobs_start = time.perf_counter()
     try:
         for job, run in runs:
             f = job.found
@@ -605,7 +608,8 @@ def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bo
     table = [rows.get((s, m)) or {"student": s, "module": m, "score": 0.0, "max_score": max_scores[m],
                                   "status": "missing", "seconds": 0.0, "detail": ""}
              for s in students for m in wanted]
-    write_reports(out, main, table, wanted, workers, len(todo), time.perf_counter() - run_start)
+    write_reports(out, main, table, wanted, workers, len(todo), time.perf_counter() - run_start,
+                  time.perf_counter() - jobs_start)
     counts = Counter(r["status"] for r in table)
     say("summary: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s])
         + f" ({len(todo)} run now, {n_cached} unchanged since the last run)")

@@ -95,7 +95,7 @@ def test_the_rayjob_check_catches_the_usual_mistakes():
     spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] = "rayproject/ray:2.60.0"
     problems = "\n".join(rayjob_problems(broken))
     for expected in ("--address auto", "/home/ray/grading is on no volume", "seccompProfile",
-                     "holds no job of 3 GiB", "is not the grader's"):
+                     "holds no job of 6 GiB", "is not the grader's"):
         assert expected in problems, (expected, problems)
     spec["entrypoint"] = "python -m autograder.grade --no-such-flag"
     assert "refuses" in "\n".join(rayjob_problems(broken))
