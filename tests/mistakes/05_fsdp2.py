@@ -52,6 +52,16 @@ WRONG = {
         "        full = torch.load(weights_file, map_location='cpu', weights_only=True) if dist.get_rank() == 0 else {}\n"
         "        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))\n"
         "    return model\n", ["test_build_on_meta", "test_build_on_meta_weights"]),
+    # plain FSDP: a 1-D mesh over every rank of every node (right maths, every all-gather crosses nodes,
+    # each rank holds 1/4 instead of its node's 1/2)
+    "shard_hybrid": (
+        "def shard_hybrid(model, device, nodes, ranks_per_node):\n"
+        "    mesh = init_device_mesh(device.type, (nodes * ranks_per_node,))\n"
+        "    for block in model.blocks:\n"
+        "        fully_shard(block, mesh=mesh)\n"
+        "    fully_shard(model, mesh=mesh)\n"
+        "    return model\n",
+        ["test_shard_hybrid_training", "test_shard_hybrid_device"]),
 }
 
 MORE_WRONG = [
@@ -105,6 +115,16 @@ MORE_WRONG = [
         "        full = torch.load(weights_file, map_location='cpu', weights_only=True) if dist.get_rank() == 0 else {}\n"
         "        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))\n"
         "    return model\n"),
+        # the mesh's dimensions swapped, read as 'shard first': (ranks_per_node, nodes). On 2 nodes x 2 the mesh
+        # is the same; on 4 nodes x 1 it shards over all 4 ranks, across nodes, instead of replicating
+        "shard_hybrid": (
+            "def shard_hybrid(model, device, nodes, ranks_per_node):\n"
+            "    mesh = init_device_mesh(device.type, (ranks_per_node, nodes), mesh_dim_names=('shard', 'replicate'))\n"
+            "    for block in model.blocks:\n"
+            "        fully_shard(block, mesh=mesh)\n"
+            "    fully_shard(model, mesh=mesh)\n"
+            "    return model\n",
+            ["test_shard_hybrid_training", "test_shard_hybrid_device"]),
     },
     {
         # the options go to the root only: the blocks keep the defaults (fp32, resharded after forward)
@@ -160,6 +180,15 @@ MORE_WRONG = [
         "        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))\n"
         "    return model\n",
         ["test_build_on_meta", "test_build_on_meta_weights"]),
+        # everything replicated (a shard dimension of 1): DDP's memory with FSDP2's machinery
+        "shard_hybrid": (
+            "def shard_hybrid(model, device, nodes, ranks_per_node):\n"
+            "    mesh = init_device_mesh(device.type, (nodes * ranks_per_node, 1), mesh_dim_names=('replicate', 'shard'))\n"
+            "    for block in model.blocks:\n"
+            "        fully_shard(block, mesh=mesh)\n"
+            "    fully_shard(model, mesh=mesh)\n"
+            "    return model\n",
+            ["test_shard_hybrid_training", "test_shard_hybrid_device"]),
     },
     {
         # the workshop's mistake: a CUDA mesh written into the code (fails on every CPU worker)
@@ -206,6 +235,15 @@ MORE_WRONG = [
         "        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))\n"
         "    return model\n",
         ["test_build_on_meta_weights", "test_build_on_meta_memory"]),
+        # sharded on the node's sub-mesh only: no all-reduce across nodes, each node trains on its own half
+        "shard_hybrid": (
+            "def shard_hybrid(model, device, nodes, ranks_per_node):\n"
+            "    mesh = init_device_mesh(device.type, (nodes, ranks_per_node), mesh_dim_names=('replicate', 'shard'))\n"
+            "    for block in model.blocks:\n"
+            "        fully_shard(block, mesh=mesh['shard'])\n"
+            "    fully_shard(model, mesh=mesh['shard'])\n"
+            "    return model\n",
+            ["test_shard_hybrid_device"]),
     },
     {
         # a CPU mesh written into the code: passes on a CPU-only machine, fails on every GPU worker
@@ -256,6 +294,15 @@ MORE_WRONG = [
         "        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))\n"
         "    return model\n",
         ["test_build_on_meta", "test_build_on_meta_weights"]),
+        # the mesh's device type written as a string: right on this CPU machine, a CPU mesh on a GPU worker
+        "shard_hybrid": (
+            "def shard_hybrid(model, device, nodes, ranks_per_node):\n"
+            "    mesh = init_device_mesh('cpu', (nodes, ranks_per_node), mesh_dim_names=('replicate', 'shard'))\n"
+            "    for block in model.blocks:\n"
+            "        fully_shard(block, mesh=mesh)\n"
+            "    fully_shard(model, mesh=mesh)\n"
+            "    return model\n",
+            ["test_shard_hybrid", "test_shard_hybrid_training"]),
     },
     {
         # the mesh over this node's workers only (local world size): 2 ranks of a 4-rank job
@@ -399,4 +446,14 @@ RIGHT = {
         "        load_into(model=model, model_state_dict=state,\n"
         "                  options=StateDictOptions(broadcast_from_rank0=True, full_state_dict=True))\n"
         "    return model\n"),
+    # the init_device_mesh imported under another name, keywords, names of its own, blocks by index, the root
+    # returned by fully_shard
+    "shard_hybrid": (
+        "def shard_hybrid(model, device, nodes, ranks_per_node):\n"
+        "    from torch.distributed.device_mesh import init_device_mesh as make_mesh\n"
+        "    hsdp_mesh = make_mesh(device_type=device.type, mesh_shape=(nodes, ranks_per_node),\n"
+        "                          mesh_dim_names=('dp_replicate', 'dp_shard'))\n"
+        "    for i in range(len(model.blocks)):\n"
+        "        fully_shard(model.blocks[i], mesh=hsdp_mesh, reshard_after_forward=True)\n"
+        "    return fully_shard(model, mesh=hsdp_mesh)\n"),
 }
