@@ -1,9 +1,10 @@
 """Grading on a Ray cluster (``autograder.grade --address``) gives what local grading gives, and loses nothing
 when a node is lost mid-run.
 
-Module 01 (the fastest to grade): the reference solution, the untouched notebook and a student with a mistake
-in every exercise (tests/mistakes), graded locally and on a local Ray cluster of a head and 2 worker nodes of
-1 CPU each (``coursekit.elastic.LocalCluster``: each node a raylet of its own). While the three grading tasks
+Module 01 (the fastest to grade): the reference solution, the untouched notebook, a student with a mistake
+in every exercise (tests/mistakes) and two submissions that kill their own kernel (``os._exit``, a memory bomb
+past the job's limit: "kernel died" once, as locally), graded locally and on a local Ray cluster of a head and 2 worker nodes of
+1 CPU each (``coursekit.elastic.LocalCluster``: each node a raylet of its own). While three grading tasks
 run, one on each node, the newest worker node is removed and another one joins: Ray runs the lost task again elsewhere, and the
 gradebook holds each submission once, with the local run's scores, cell by cell."""
 import sqlite3
@@ -19,7 +20,9 @@ from test_grading import answers_file, cell_scores
 
 MODULE = "01_ddp_pytorch"
 MEMORY = 4 * 2**30
-STUDENTS = ("ada", "blank", "partial")
+STUDENTS = ("ada", "blank", "partial", "exits", "membomb")
+DIED = ("exits", "membomb")
+NODES = 3
 
 
 def _submissions(folder):
@@ -28,6 +31,10 @@ def _submissions(folder):
     write_submission(folder, "blank", MODULE, {})
     write_submission(folder, "partial", MODULE, {**reference, **{
         gid: code if isinstance(code, str) else code[0] for gid, code in answers_file(MODULE).WRONG.items()}})
+    first = next(iter(reference))          # the first answer cell: the kernel goes before any test runs
+    write_submission(folder, "exits", MODULE, {**reference, first: "import os\nos._exit(1)"})
+    write_submission(folder, "membomb", MODULE, {**reference, first: (
+        "blocks = []\nwhile True:\n    blocks.append(b'x' * (32 << 20))  # 32 MiB a step, forever")})
 
 
 def _busy_cpus() -> float:
@@ -55,9 +62,9 @@ def test_a_ray_cluster_grades_as_locally_and_a_lost_node_loses_nothing(tmp_path)
         thread = threading.Thread(target=run)
         thread.start()
         deadline = time.time() + 300
-        while _busy_cpus() < len(STUDENTS) and thread.is_alive() and time.time() < deadline:
+        while _busy_cpus() < NODES and thread.is_alive() and time.time() < deadline:
             time.sleep(0.5)
-        assert thread.is_alive() and _busy_cpus() >= len(STUDENTS), "the grading tasks never ran at once"
+        assert thread.is_alive() and _busy_cpus() >= NODES, "the grading tasks never ran at once"
         time.sleep(3)                      # both jobs are inside nbgrader now
         cluster.remove_node()              # a machine is lost with its task ...
         cluster.add_node()                 # ... and another one joins
@@ -69,9 +76,12 @@ def test_a_ray_cluster_grades_as_locally_and_a_lost_node_loses_nothing(tmp_path)
         mine, theirs = on_ray[student], local[student]
         assert (mine["status"], mine["score"], mine["max_score"]) == (theirs["status"], theirs["score"],
                                                                       theirs["max_score"]), (mine, theirs)
-        assert cell_scores(tmp_path / "ray", student, MODULE) == cell_scores(tmp_path / "local", student, MODULE)
+        if student not in DIED:             # a dead kernel's submission has no cells in the gradebook
+            assert cell_scores(tmp_path / "ray", student, MODULE) == cell_scores(tmp_path / "local", student, MODULE)
         assert (tmp_path / "ray" / "feedback" / student / MODULE / f"{MODULE}.html").exists()
     assert local["ada"]["score"] == local["ada"]["max_score"] > local["partial"]["score"] > 0
+    assert all(on_ray[s]["status"] == "kernel died" and on_ray[s]["score"] == 0 for s in DIED), on_ray
+    assert "memory" in on_ray["membomb"]["detail"], on_ray["membomb"]
     with sqlite3.connect(tmp_path / "ray" / "nbgrader" / "gradebook.db") as db:
-        assert db.execute("select count(*) from submitted_assignment").fetchone()[0] == len(STUDENTS), (
-            "a submission was merged into the gradebook twice")
+        assert db.execute("select count(*) from submitted_assignment").fetchone()[0] == len(STUDENTS) - len(DIED), (
+            "a submission was merged into the gradebook twice, or a dead kernel's")
