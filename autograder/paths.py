@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from coursekit.paths import REPO
+
 SOLUTIONS = REPO / "solutions"
 CONFIG = REPO / "autograder" / "nbgrader_config.py"
 

@@ -25,6 +25,8 @@ import traceback
 from datetime import timedelta
 from typing import Any, Callable
 
+from coursekit.runtime import settings
+
 
 def free_port() -> int:
     """A TCP port on localhost that is free right now (for MASTER_PORT)."""
@@ -80,10 +82,8 @@ def _child(rank: int, world_size: int, port: int, backend: str | None, fn: Calla
 
 def start_method() -> str:
     """``fork`` where it is safe (no GPU visible to torch), else ``spawn``; ``COURSE_START_METHOD`` overrides."""
-    forced = os.environ.get("COURSE_START_METHOD")
+    forced = settings().start_method
     if forced:
-        if forced not in {"fork", "spawn"}:
-            raise ValueError(f"COURSE_START_METHOD={forced!r} is not one of fork, spawn")
         return forced
     import torch
 

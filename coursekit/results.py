@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from coursekit.runtime import settings
 
 
 def record(name: str, value: Any) -> Any:
@@ -13,7 +14,7 @@ def record(name: str, value: Any) -> Any:
     When ``COURSE_RECORD`` names a JSON file (the tests and ``make course`` set
     it) the value is added to it, so tests can check what the notebook showed
     without parsing its output. Returns ``value`` unchanged."""
-    path = os.environ.get("COURSE_RECORD")
+    path = settings().record_file
     if path:
         p = Path(path)
         data = json.loads(p.read_text()) if p.exists() and p.stat().st_size else {}

@@ -5,7 +5,8 @@ hard-coding ``"cuda"``, ``"nccl"``, ``/mnt/cluster_storage`` or a dataset size.
 Moving between a 2-core laptop, Binder, CI and an Anyscale GPU cluster changes
 what :func:`detect` returns, never the notebook.
 
-Environment variables (all optional):
+This module is the one reader of the course's environment variables (all optional). :func:`detect`
+reads those about the machine and where files go:
 
 ``COURSE_SIZE``      force a size profile: ``smoke``, ``cpu`` or ``gpu``
 ``COURSE_PLATFORM``  force a platform: ``anyscale``, ``binder``, ``ci``, ``local``
@@ -14,6 +15,18 @@ Environment variables (all optional):
 ``COURSE_GRADING``   set by the autograder: smallest sizes, no downloads
 ``COURSE_LOCAL_MODE`` ``1``/``0``: run Ray Train fits in local mode on forked ranks or in a Ray
                      worker group (default: local mode on Binder and below ``RAY_TRAIN_MIN_GIB``)
+
+and :func:`settings` the switches of the course's tools:
+
+``COURSE_RAY_VERBOSE``  ``1``: show all of Ray's log lines (``coursekit.raysetup``, ``faults``, ``elastic``)
+``COURSE_START_METHOD`` ``fork`` or ``spawn``: how ``coursekit.distributed.run_distributed`` starts its ranks
+                        (default: fork, spawn where torch sees a GPU)
+``COURSE_RECORD``       a JSON file that ``coursekit.results.record`` adds a notebook's figures to
+
+Where files go when neither ``COURSE_STORAGE`` nor ``COURSE_DATA`` says: inside the course's folder
+(``build/ray_results``, ``data/``) when the work runs there (the working directory is in it: its
+notebooks, scripts, tests and make targets), else in the user's cache (``~/.cache/ray-train-course``,
+``$XDG_CACHE_HOME`` if set): a copy of a module's folder elsewhere never writes into the course's folder.
 """
 from __future__ import annotations
 
@@ -23,7 +36,9 @@ from pathlib import Path
 
 import psutil
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from coursekit.paths import REPO
+
+REPO_ROOT = REPO   # the same folder, under the name module 07's notebook imports (coursekit.paths.REPO)
 ANYSCALE_STORAGE = Path("/mnt/cluster_storage")
 # Below this much memory a Ray worker group does not fit beside the notebook's kernel: a 2-worker fit starts
 # Ray's own processes, a controller, the workers and four helper actors, each importing torch (README, Binder).
@@ -220,8 +235,53 @@ class Runtime:
         )
 
 
-def detect(env: dict | None = None) -> Runtime:
-    """Describe the machine we run on. Pure apart from reading hardware counters."""
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The switches of the course's tools (not about the machine): see the module's docstring."""
+
+    ray_verbose: bool = False         # COURSE_RAY_VERBOSE: Ray's log lines unfiltered
+    start_method: str | None = None   # COURSE_START_METHOD: fork | spawn, None to decide by the GPU
+    record_file: str | None = None    # COURSE_RECORD: where record() adds a notebook's figures; None: nowhere
+
+
+def settings(env: dict | None = None) -> Settings:
+    """The course's switches from the environment (``os.environ`` unless ``env``); raises ValueError for a
+    value that is not one of the allowed ones."""
+    env = os.environ if env is None else env
+    start_method = env.get("COURSE_START_METHOD") or None
+    if start_method not in {None, "fork", "spawn"}:
+        raise ValueError(f"COURSE_START_METHOD={start_method!r} is not one of fork, spawn")
+    return Settings(ray_verbose=_truthy(env.get("COURSE_RAY_VERBOSE")), start_method=start_method,
+                    record_file=env.get("COURSE_RECORD") or None)
+
+
+def user_cache(env: dict | None = None) -> Path:
+    """The course's folder in the user's cache: ``$XDG_CACHE_HOME/ray-train-course`` (``~/.cache/...``)."""
+    env = os.environ if env is None else env
+    base = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base / "ray-train-course"
+
+
+def _writable(folder: Path) -> bool:
+    """Whether ``folder`` can be made (or written to): its nearest existing folder is writable."""
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    return existing is not None and os.access(existing, os.W_OK)
+
+
+def _own_folders(env: dict, cwd: Path) -> tuple[Path, Path]:
+    """(storage, data) where neither is set: the course's folder when the work runs inside it, else the user's
+    cache, or where that cannot be written (a read-only home, as in the grader's jail) the working directory."""
+    if cwd.is_relative_to(REPO):
+        return REPO / "build" / "ray_results", REPO / "data"
+    cache = user_cache(env)
+    if not _writable(cache):
+        cache = cwd / ".ray-train-course"
+    return cache / "ray_results", cache / "data"
+
+
+def detect(env: dict | None = None, cwd: str | os.PathLike | None = None) -> Runtime:
+    """Describe the machine we run on. Pure apart from reading hardware counters (and the working directory,
+    ``cwd`` unless given: where files go by default)."""
     env = dict(os.environ if env is None else env)
     platform = _detect_platform(env)
     # nbgrader sets NBGRADER_EXECUTION for the kernels it runs: "autograde" when grading, "validate"
@@ -250,6 +310,7 @@ def detect(env: dict | None = None) -> Runtime:
     if size not in SIZES:
         raise ValueError(f"COURSE_SIZE={size!r} is not one of {', '.join(SIZES)}")
 
+    own_storage, own_data = _own_folders(env, Path(os.getcwd() if cwd is None else cwd).resolve())
     # A URI (s3://bucket/path, gs://...) is for Ray Train's pyarrow file system: keep it as written.
     storage_uri = env["COURSE_STORAGE"] if "://" in env.get("COURSE_STORAGE", "") else None
     if storage_uri:
@@ -259,9 +320,9 @@ def detect(env: dict | None = None) -> Runtime:
     elif platform == "anyscale" and ANYSCALE_STORAGE.is_dir():
         storage = ANYSCALE_STORAGE / "ray-train-course"
     else:
-        storage = REPO_ROOT / "build" / "ray_results"
+        storage = own_storage
     data_dir = Path(env["COURSE_DATA"]).expanduser() if env.get("COURSE_DATA") else (
-        storage.parent / "data" if platform == "anyscale" and storage is not None else REPO_ROOT / "data"
+        storage.parent / "data" if platform == "anyscale" and storage is not None else own_data
     )
 
     ray_address = env.get("RAY_ADDRESS") or ("auto" if platform == "anyscale" else None)

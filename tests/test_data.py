@@ -94,3 +94,30 @@ def test_download_attempt_fails_fast_offline(tmp_path):
     d = load_digits(train=True, data_dir=str(tmp_path), download=True, quiet=True)
     assert d.source in {"mnist", "sklearn-digits"}
     assert time.perf_counter() - start < 120
+
+
+def test_a_copy_of_module_03_writes_its_files_into_the_users_cache_not_the_course(tmp_path):
+    """What Validate runs of module 03 from a copy of course/ (grading mode, the working directory the copy's
+    folder): the digits' cache and the Parquet files go into the user's cache, nothing into the course's data/."""
+    from coursekit.paths import REPO
+
+    copy = tmp_path / "my-course" / "03_ray_data"
+    copy.mkdir(parents=True)
+    cache = tmp_path / "cache"
+    notebook_cells = (   # the lines of the notebook that choose the folder and write there
+        "import os, coursekit\n"
+        "from coursekit.data import load_digits, write_digits_parquet\n"
+        "rt = coursekit.detect()\n"
+        "DATA_DIR = os.path.join(rt.data_dir, 'digits_files')\n"
+        "train_digits = load_digits(train=True, limit=64, download=False, quiet=True)\n"
+        "files = write_digits_parquet(train_digits, os.path.join(DATA_DIR, 'parquet-64'), num_files=2)\n"
+        "print(rt.data_dir)\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("COURSE_DATA", "COURSE_STORAGE")}
+    env.update(XDG_CACHE_HOME=str(cache), NBGRADER_EXECUTION="validate")
+    out = subprocess.run([PY, "-c", notebook_cells], cwd=copy, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    data_dir = out.stdout.strip().splitlines()[-1]
+    assert data_dir == str(cache / "ray-train-course" / "data")
+    assert not data_dir.startswith(str(REPO))
+    assert sorted(p.name for p in (cache / "ray-train-course" / "data" / "digits_files" / "parquet-64").iterdir()) == [
+        "digits-000.parquet", "digits-001.parquet"]

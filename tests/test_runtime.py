@@ -1,7 +1,10 @@
 """Runtime detection: platform, device/backend, sizes and storage come from one place."""
 import pytest
 
-from coursekit.runtime import REPO_ROOT, SIZES, detect
+import os
+
+from coursekit.paths import REPO
+from coursekit.runtime import REPO_ROOT, SIZES, Settings, detect, settings
 
 
 def test_this_machine_is_a_cpu_box_with_gloo():
@@ -47,7 +50,7 @@ def test_gpus_switch_device_backend_workers_and_size(monkeypatch):
 def test_storage_is_detected_not_hard_coded(tmp_path, monkeypatch):
     import coursekit.runtime as runtime
 
-    assert detect({}).storage_path == str(REPO_ROOT / "build" / "ray_results")
+    assert detect({}, cwd=REPO).storage_path == str(REPO / "build" / "ray_results")
     assert detect({"COURSE_STORAGE": str(tmp_path)}).storage_path == str(tmp_path)
     # a bucket URI (what deploy/cluster.yaml tells users to set) reaches Ray Train unchanged
     assert detect({"COURSE_STORAGE": "s3://bucket/ray-train-course"}).storage_path == "s3://bucket/ray-train-course"
@@ -181,3 +184,58 @@ def test_detect_in_a_real_cgroup_sees_its_cpu_quota_and_memory_limit(tmp_path):
                 except OSError:
                     import time
                     time.sleep(0.1)
+
+
+def test_the_repository_root_has_one_definition():
+    import autograder.paths
+
+    assert REPO_ROOT is REPO and autograder.paths.REPO is REPO
+    assert (REPO / "coursekit" / "paths.py").is_file() and (REPO / "solutions").is_dir()
+
+
+def test_inside_the_course_files_go_into_its_folder_elsewhere_into_the_users_cache(tmp_path):
+    """A copy of a module's folder (a student's, or the one Validate runs) never writes into the course's folder:
+    its data and results go into the user's cache, or where that cannot be written, its own folder."""
+    inside = detect({}, cwd=REPO / "course" / "03_ray_data")
+    assert (inside.data_dir, inside.storage_path) == (str(REPO / "data"), str(REPO / "build" / "ray_results"))
+    copy = tmp_path / "my-course" / "03_ray_data"
+    copy.mkdir(parents=True)
+    cache = tmp_path / "cache"
+    rt = detect({"XDG_CACHE_HOME": str(cache)}, cwd=copy)
+    assert rt.data_dir == str(cache / "ray-train-course" / "data")
+    assert rt.storage_path == str(cache / "ray-train-course" / "ray_results")
+    home = tmp_path / "home"
+    home.mkdir(mode=0o555)   # a read-only home, as in the grader's jail
+    try:
+        if os.access(home, os.W_OK):   # root writes anywhere: nothing to see
+            return
+        rt = detect({"XDG_CACHE_HOME": str(home / ".cache")}, cwd=copy)
+        assert rt.data_dir == str(copy / ".ray-train-course" / "data")
+    finally:
+        home.chmod(0o755)
+    # what is set wins wherever the work runs
+    assert detect({"COURSE_DATA": str(tmp_path / "d")}, cwd=copy).data_dir == str(tmp_path / "d")
+
+
+def test_the_course_switches_are_read_in_one_place():
+    assert settings({}) == Settings(ray_verbose=False, start_method=None, record_file=None)
+    got = settings({"COURSE_RAY_VERBOSE": "1", "COURSE_START_METHOD": "spawn", "COURSE_RECORD": "/tmp/r.json"})
+    assert got == Settings(ray_verbose=True, start_method="spawn", record_file="/tmp/r.json")
+    assert settings({"COURSE_RAY_VERBOSE": "0", "COURSE_RECORD": ""}) == Settings()   # the grader sets ""
+    with pytest.raises(ValueError, match="COURSE_START_METHOD='forkserver' is not one of fork, spawn"):
+        settings({"COURSE_START_METHOD": "forkserver"})
+
+
+def test_no_other_module_reads_the_course_switches():
+    """COURSE_* variables are read by coursekit.runtime only (raysetup copies them all to Ray's workers, and
+    coursekit.notebooks sets COURSE_RECORD for the notebooks it runs)."""
+    import re
+
+    readers = []
+    for path in sorted((REPO / "coursekit").rglob("*.py")):
+        if path.name == "runtime.py" and path.parent.name == "coursekit":
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"(environ\.get\(|environ\[|getenv\()\s*[\"']COURSE_", line):
+                readers.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+    assert not readers, readers
