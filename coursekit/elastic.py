@@ -46,8 +46,9 @@ from typing import Any
 
 
 from coursekit.distributed import free_port
-from coursekit.faults import registered_epochs
+from coursekit.faults.injection import registered_epochs
 from coursekit.proctree import kill_named
+from coursekit.runtime import detect, settings
 
 # How long a new worker group may wait for its placement group before Ray Train tries another size. Ray's default
 # is 60 s and the course's local Ray uses 300 s (coursekit.raysetup.RAY_ENV: trials that wait for each other's
@@ -114,24 +115,23 @@ def reporting_world_size(train_fn: Callable, hold_after: dict[int, int] | None =
     resized group on any machine, however fast the epochs are. Without a resize the group trains on after
     ``hold_s``.
 
-    The wrapper replaces ``ray.train.report`` in the worker's process while ``train_fn`` runs (``train_fn``
-    must call it as ``ray.train.report``)."""
+    Nothing is patched: the worker's reporting function is handed to Ray Train while ``train_fn`` runs, through
+    the hook Ray Train's own ``ray.train.report`` calls (its ``TrainFnUtils``, which Ray documents as the place for
+    new reporting behaviour): every report of ``train_fn``, however it calls ``ray.train.report``, goes through
+    it, and Ray Train's reporting is restored when ``train_fn`` returns."""
     hold_after = dict(hold_after or {})
 
     takes_config = bool(inspect.signature(train_fn).parameters)
 
     def train_reporting_world_size(config: dict) -> Any:
-        from unittest import mock
-
         import ray.train
 
-        report = ray.train.report
         world = ray.train.get_context().get_world_size()
         extra = {"world_size": world}
         if "global_batch_size" in (config or {}):
             extra["per_worker_batch"] = config["global_batch_size"] // world
 
-        def report_with_world_size(metrics: dict, *args, **kwargs):
+        def report_with_world_size(report: Callable, metrics: dict, *args, **kwargs):
             result = report({**metrics, **extra}, *args, **kwargs)
             if hold_after.get(metrics.get("epoch")) == world:
                 deadline = time.monotonic() + hold_s
@@ -139,11 +139,38 @@ def reporting_world_size(train_fn: Callable, hold_after: dict[int, int] | None =
                     time.sleep(0.2)
             return result
 
-        with mock.patch.object(ray.train, "report", report_with_world_size):
+        with reporting_through(report_with_world_size):
             return train_fn(config) if takes_config else train_fn()
 
     train_reporting_world_size.__doc__ = f"{getattr(train_fn, '__name__', 'train_fn')}, reporting world_size"
     return train_reporting_world_size
+
+
+class _Reporting:
+    """Ray Train's reporting of this worker (its ``TrainFnUtils``), with ``report`` going through ``report_with``."""
+
+    def __init__(self, inner, report_with: Callable):
+        self._inner, self._report_with = inner, report_with
+
+    def report(self, metrics: dict, *args, **kwargs):
+        return self._report_with(self._inner.report, metrics, *args, **kwargs)
+
+    def __getattr__(self, name: str):   # everything else as Ray Train does it
+        return getattr(self._inner, name)
+
+
+@contextlib.contextmanager
+def reporting_through(report_with: Callable):
+    """Within this block, on a Ray Train worker, every ``ray.train.report(metrics, ...)`` calls
+    ``report_with(report, metrics, ...)``, where ``report`` is Ray Train's own reporting function."""
+    from coursekit.ray_internals import get_train_fn_utils, set_train_fn_utils
+
+    inner = get_train_fn_utils()
+    set_train_fn_utils(_Reporting(inner, report_with))
+    try:
+        yield
+    finally:
+        set_train_fn_utils(inner)
 
 
 class LocalCluster:
@@ -167,7 +194,7 @@ class LocalCluster:
         self.cpus_per_node = cpus_per_node
         self.initial_worker_nodes = worker_nodes
         self.env = dict(env or {})
-        self.quiet = (os.environ.get("COURSE_RAY_VERBOSE", "0") != "1") if quiet is None else quiet
+        self.quiet = not settings().ray_verbose if quiet is None else quiet
         self.events: list[tuple[float, str]] = []   # (unix time, what happened), in order
         self._cluster = None
         self._temp_dir: str | None = None
@@ -198,13 +225,13 @@ class LocalCluster:
     def _start_node(self, **extra):
         """A new node (the head first), listed by the cluster; tried twice: on a busy 2-core machine a raylet can
         die at start-up (its dashboard agent gets a hard-coded 15 s, ray-project/ray#65983)."""
-        import ray
+        from coursekit.ray_internals import services
 
         for attempt in (1, 2):
             node = None
             try:
                 node = self._cluster.add_node(wait=False, **self._node_args(), **extra)
-                ray._private.services.wait_for_node(node.gcs_address, node.plasma_store_socket_name,
+                services.wait_for_node(node.gcs_address, node.plasma_store_socket_name,
                                                     NODE_START_TIMEOUT_S)
                 return node
             except Exception:
@@ -231,13 +258,11 @@ class LocalCluster:
         self._require_main_thread()
         node = self._nodes[-1]
         if preempt:
-            import ray
-            from ray.core.generated import autoscaler_pb2
+            from coursekit.ray_internals import drain_node_as_preemption
 
-            gcs = ray._private.worker.global_worker.gcs_client
             deadline = time.time() + PREEMPTION_NOTICE_S
-            accepted, why = gcs.drain_node(node.node_id, autoscaler_pb2.DrainNodeReason.Value(
-                "DRAIN_NODE_REASON_PREEMPTION"), "preempted (coursekit.elastic)", int(deadline * 1000))
+            accepted, why = drain_node_as_preemption(node.node_id, "preempted (coursekit.elastic)",
+                                                     int(deadline * 1000))
             if not accepted:
                 raise RuntimeError(f"Ray refused to drain the node: {why}")
             time.sleep(max(0.0, deadline - time.time()) + 0.5)   # the notice runs out, then the node goes
@@ -305,8 +330,8 @@ class LocalCluster:
 
     def __enter__(self) -> "LocalCluster":
         import ray
-        from ray.cluster_utils import Cluster
 
+        from coursekit.ray_internals import Cluster
         from coursekit.raysetup import RAY_ENV, _course_env, set_log_printer
 
         if ray.is_initialized():
@@ -329,7 +354,7 @@ class LocalCluster:
             for _ in range(self.initial_worker_nodes):
                 self._nodes.append(self._start_node())
             ray.init(address=self._cluster.address, logging_level="ERROR", log_to_driver=True,
-                     runtime_env={"env_vars": {**_course_env(), **self._fit_env()}})
+                     runtime_env={"env_vars": {**_course_env(detect()), **self._fit_env()}})
             nodes = self.alive_nodes()
             self._log(f"cluster up in {time.time() - started:.0f} s: {nodes} nodes with "
                       f"{self.cpus_per_node} CPU each")
@@ -353,8 +378,9 @@ class LocalCluster:
                         self._cluster.remove_node(node, allow_graceful=False)
             self._nodes = []
             with contextlib.suppress(Exception):
-                ray.experimental.internal_kv._internal_kv_reset()
-                ray._private.services.find_gcs_addresses.cache_clear()
+                from coursekit.ray_internals import forget_cluster
+
+                forget_cluster()
             self._cluster = None
         if self._temp_dir:
             kill_named([self._temp_dir])

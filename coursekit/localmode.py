@@ -54,7 +54,7 @@ def _in_thread(fn, *args) -> Any:
 
 
 def _storage(trainer):
-    from ray.train.v2._internal.execution.storage import StorageContext
+    from coursekit.ray_internals import StorageContext
 
     run = trainer.run_config
     return StorageContext(storage_path=run.storage_path, experiment_dir_name=run.name,
@@ -63,7 +63,7 @@ def _storage(trainer):
 
 def _manager(trainer, storage):
     """Ray Train's checkpoint bookkeeping for this run; it loads the run's snapshot when there is one."""
-    from ray.train.v2._internal.execution.checkpoint.checkpoint_manager import CheckpointManager
+    from coursekit.ray_internals import CheckpointManager
 
     return _in_thread(lambda: CheckpointManager(checkpoint_config=trainer.run_config.checkpoint_config,
                                                 storage_context=storage))
@@ -74,11 +74,11 @@ def _rank(rank: int, world_size: int, trainer, storage, manager) -> Any:
     import torch.distributed as dist
     from ray.train import ScalingConfig
     from ray.train.torch import TorchTrainer
-    from ray.train.v2._internal.execution.local_mode.torch import LocalTorchController
-    from ray.train.v2._internal.execution.train_fn_utils import (LocalTrainFnUtils, get_train_fn_utils,
-                                                                 set_train_fn_utils)
-    from ray.train.v2._internal.execution.training_report import _TrainingReport
 
+    from coursekit.ray_internals import (LocalTorchController, LocalTrainFnUtils, TrainingReport,
+                                         get_train_fn_utils, set_train_fn_utils)
+
+    # The private members overridden and set here are checked by tests/test_ray_internals.py (MEMBERS).
     class StoredReports(LocalTrainFnUtils):
         def report(self, metrics, checkpoint=None, checkpoint_dir_name=None, **kwargs):
             # one name for the checkpoint all ranks write into (rank 0's), as a worker group uses
@@ -99,7 +99,7 @@ def _rank(rank: int, world_size: int, trainer, storage, manager) -> Any:
                                        storage.storage_filesystem)
                 if not dist.is_initialized() or dist.get_rank() == 0:
                     _in_thread(manager.register_checkpoint,
-                               _TrainingReport(checkpoint=persisted, metrics=metrics, validation=False))
+                               TrainingReport(checkpoint=persisted, metrics=metrics, validation=False))
                 if dist.is_initialized():
                     dist.barrier()   # the snapshot is written before anyone goes on (or resumes from it)
             super().report(metrics, persisted)
@@ -152,7 +152,7 @@ def _quiet(name: str):
 
 
 def _fit_locally(trainer, rt: Runtime, timeout_s: float):
-    from ray.train import Result
+    from coursekit.ray_internals import result_from_checkpoint_manager
 
     workers = trainer.scaling_config.num_workers
     if isinstance(workers, tuple):   # elastic (min, max): local mode runs the minimum
@@ -189,7 +189,6 @@ def _fit_locally(trainer, rt: Runtime, timeout_s: float):
             print(f"Ray Train local mode: the ranks failed ({last_line}); starting them again from the latest "
                   f"checkpoint, as Ray Train restarts a worker group (failure {failures} of "
                   f"{'unlimited' if max_failures == -1 else max_failures} allowed by FailureConfig)")
-    result = Result._from_checkpoint_manager(checkpoint_manager=_manager(trainer, storage),
-                                             storage_context=storage)
+    result = result_from_checkpoint_manager(_manager(trainer, storage), storage)
     result.return_value = value
     return result

@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from coursekit.runtime import Runtime, detect
+from coursekit.runtime import Runtime, detect, settings
 
 # Lines from Ray Train's own loggers that say nothing a student can act on.
 _NOISE = re.compile(
@@ -90,15 +90,15 @@ def set_log_printer(select_lines: Callable[[dict], list[str]]) -> Callable | Non
     (a batch is Ray's dict with ``lines`` and ``actor_name``). Returns the printer it replaced
     (the course's filter or Ray's own; None if there was none), for :func:`restore_log_printer`.
     Raises if this Ray has no such printer (its internals changed)."""
-    from ray._private import worker as ray_worker
+    from coursekit.ray_internals import print_to_stdstream, ray_worker, should_ignore_worker_log_prefix
 
     dispatcher = ray_worker.global_worker_stdstream_dispatcher
-    ignore_prefix = ray_worker._should_ignore_worker_log_prefix(ray_worker.global_worker)
+    ignore_prefix = should_ignore_worker_log_prefix(ray_worker.global_worker)
 
     def printer(data):
         lines = select_lines(data)
         if lines:
-            ray_worker.print_to_stdstream({**data, "lines": lines}, ignore_prefix=ignore_prefix)
+            print_to_stdstream({**data, "lines": lines}, ignore_prefix=ignore_prefix)
 
     previous = dict(getattr(dispatcher, "handlers", ())).get(_LOG_PRINTER)
     dispatcher.remove_handler(_LOG_PRINTER)
@@ -108,7 +108,7 @@ def set_log_printer(select_lines: Callable[[dict], list[str]]) -> Callable | Non
 
 def restore_log_printer(previous: Callable | None) -> None:
     """Put back the printer :func:`set_log_printer` replaced."""
-    from ray._private import worker as ray_worker
+    from coursekit.ray_internals import ray_worker
 
     dispatcher = ray_worker.global_worker_stdstream_dispatcher
     dispatcher.remove_handler(_LOG_PRINTER)
@@ -140,19 +140,21 @@ def _use_cluster_token() -> None:
     fails with a bare "Failed to connect"; do what Ray does for local clusters."""
     if os.environ.get("RAY_AUTH_MODE"):
         return
-    try:
-        from ray._private.authentication.authentication_token_setup import (
-            maybe_enable_token_auth_if_token_available,
-        )
+    from coursekit.ray_internals import maybe_enable_token_auth_if_token_available
 
+    try:
         maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
-    except Exception:  # an older/newer Ray without this helper: connect as before
+    except Exception:  # a token Ray cannot read: connect as before, and let Ray say what is wrong
         pass
 
 
-def _course_env() -> dict[str, str]:
-    """COURSE_* settings travel to the workers, so detect() there agrees with the driver."""
+def _course_env(runtime: Runtime | None = None) -> dict[str, str]:
+    """COURSE_* settings travel to the workers, so detect() there agrees with the driver. A local Ray's workers
+    (``runtime`` without a cluster to join) also get the driver's data folder, which their own working
+    directory would not tell them (coursekit.runtime: where files go)."""
     env = {k: v for k, v in os.environ.items() if k.startswith("COURSE_")}
+    if runtime is not None and not runtime.ray_address:
+        env.setdefault("COURSE_DATA", runtime.data_dir)
     env.update(RAY_ENV)
     return env
 
@@ -175,8 +177,8 @@ def init_ray(runtime: Runtime | None = None, quiet: bool | None = None, dashboar
         return ray.get_runtime_context()
     for key, value in RAY_ENV.items():
         os.environ.setdefault(key, value)
-    quiet = (os.environ.get("COURSE_RAY_VERBOSE", "0") != "1") if quiet is None else quiet
-    runtime_env = {"env_vars": _course_env()}
+    quiet = not settings().ray_verbose if quiet is None else quiet
+    runtime_env = {"env_vars": _course_env(rt)}
     kwargs: dict = dict(logging_level=logging.ERROR, log_to_driver=True)
     if rt.ray_address:
         import coursekit

@@ -24,9 +24,9 @@ def _autoscaler_limits() -> dict[str, int]:
     An autoscaling cluster (deploy/cluster.yaml, Anyscale, KubeRay with autoscaling) may run no GPU node
     until a job asks for one: its current resources say 0 GPUs. Ray Data reads the same record."""
     try:
-        from ray._private.state import state
+        from coursekit.ray_internals import cluster_state
 
-        limits = state.get_max_resources_from_cluster_config() or {}
+        limits = cluster_state.get_max_resources_from_cluster_config() or {}
     except Exception:   # no autoscaler, or a Ray without this record
         return {}
     # a node type without a max count can grow without bound; count what is there now instead

@@ -25,7 +25,8 @@ import re
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from coursekit.paths import REPO
+
 TEMPLATE = REPO / "deploy" / "cluster.yaml"
 RENDERED = REPO / "build" / "cluster.yaml"
 PLACEHOLDER = "@COURSE_STORAGE@"
@@ -69,7 +70,8 @@ def render(storage: str, template: str | None = None) -> str:
 def validate(text: str) -> dict:
     """What `ray up` checks first: Ray's defaults filled in, then Ray's JSON schema."""
     import yaml
-    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    from coursekit.ray_internals import prepare_config, validate_config
 
     config = yaml.safe_load(text)
     validate_config(prepare_config(config))

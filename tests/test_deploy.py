@@ -53,7 +53,7 @@ def _cluster(storage: str = STORAGE) -> dict:
 
 def _validate(config: dict) -> None:
     """What `ray up` does with the file: fill the provider's defaults, then validate against the schema."""
-    from ray.autoscaler._private.util import prepare_config, validate_config
+    from coursekit.ray_internals import prepare_config, validate_config
 
     validate_config(prepare_config(config))
 

@@ -149,3 +149,41 @@ def test_an_elastic_run_shrinks_and_grows_with_the_cluster(tmp_path):
     print("from the cluster's change to the end of the resized group's first epoch: "
           + ", ".join(f"{what} {s:.0f} s" for what, s in took.items()) + f"; whole test {wall:.0f} s")
     assert max(took.values()) < 120, took
+
+
+def _reports_a_few_epochs(config: dict) -> None:
+    for epoch in range(config["epochs"]):
+        ray.train.report({"epoch": epoch, "loss": 1.0 / (epoch + 1)})
+
+
+def test_reporting_world_size_adds_the_groups_size_to_every_report_without_patching_ray_train(tmp_path):
+    """In Ray Train's own local mode (num_workers=0: the training function runs here, one worker of a group of 1):
+    every report carries world_size and per_worker_batch, ray.train.report stays Ray Train's own function, and
+    Ray Train's reporting is back once the function returns."""
+    from coursekit.ray_internals import get_train_fn_utils
+
+    report_before = ray.train.report
+    seen = []
+
+    def train(config):
+        seen.append(ray.train.report is report_before)
+        _reports_a_few_epochs(config)
+
+    trainer = TorchTrainer(reporting_world_size(train), train_loop_config={"epochs": 3, "global_batch_size": 64},
+                           scaling_config=ScalingConfig(num_workers=0),
+                           run_config=RunConfig(name="world-size", storage_path=str(tmp_path)))
+    result = trainer.fit()
+    assert seen == [True] and ray.train.report is report_before
+    assert result.metrics == {"epoch": 2, "loss": 1.0 / 3, "world_size": 1, "per_worker_batch": 64}
+    assert type(get_train_fn_utils()).__name__ == "LocalTrainFnUtils"   # Ray Train's own again
+
+
+def test_reporting_world_size_takes_a_function_without_a_config(tmp_path):
+    def train():
+        ray.train.report({"epoch": 0})
+
+    wrapped = reporting_world_size(train)
+    assert wrapped.__doc__ == "train, reporting world_size"
+    result = TorchTrainer(wrapped, scaling_config=ScalingConfig(num_workers=0),
+                          run_config=RunConfig(name="no-config", storage_path=str(tmp_path))).fit()
+    assert result.metrics == {"epoch": 0, "world_size": 1}   # no global_batch_size: no per_worker_batch

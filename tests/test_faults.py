@@ -1,4 +1,5 @@
 """coursekit.faults: fault plans fire once, markers record the time, simulated restarts see a checkpoint."""
+import ast
 import json
 import os
 import subprocess
@@ -8,8 +9,35 @@ import time
 
 import pytest
 
-from coursekit.faults import (InjectedFailure, check_plan, fired, inject_faults, registered_epochs,
-                              seconds_since, simulated_restart)
+from coursekit.faults import InjectedFailure, check_plan, fired, inject_faults, registered_epochs, seconds_since
+from coursekit.paths import REPO
+from coursekit.testing import simulated_restart
+
+
+def test_the_names_notebooks_and_scripts_import_from_coursekit_faults_are_there():
+    """coursekit.faults is a package of one-job files; its old import path still gives every public name."""
+    import coursekit.faults as faults
+
+    for name in ("FaultToleranceControls", "RankReport", "bucket_checkpoint", "checkpoints_ray_keeps", "fired",
+                 "inject_faults", "quiet_failure_logs", "registered_epochs", "InjectedFailure", "check_plan",
+                 "seconds_since", "wait_until_registered", "marker", "KINDS"):
+        assert hasattr(faults, name), name
+    assert set(faults.__all__) <= set(dir(faults))
+
+
+def test_the_course_code_patches_nothing_outside_its_test_support():
+    """unittest.mock replaces a function for everyone in the process: only coursekit.testing's stand-ins (the
+    simulated worker and shards, which exist to stand in) may use it."""
+    users = []
+    for path in sorted((REPO / "coursekit").rglob("*.py")):
+        if path.is_relative_to(REPO / "coursekit" / "testing"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "unittest" or n.startswith("unittest.") for n in names):
+                users.append(str(path.relative_to(REPO)))
+    assert not users, f"production code that imports unittest(.mock): {users}"
 
 
 def test_plans_are_validated_with_clear_messages():
