@@ -1,17 +1,21 @@
 """Module 07 outside the notebook: the five comparable scripts. Their training functions run on 2 real
-gloo ranks (Ray Train's context simulated, no Ray): every strategy trains like DDP on the same batches,
-holds the memory the planner predicts (within 10%), the scripts fail clearly when misused, and they hold no
-line of any exercise answer."""
+gloo ranks (Ray Train's context simulated, no Ray), and HSDP and TP x FSDP2 on 2 nodes x 2: every strategy
+trains like DDP on the same batches, holds the memory the planner predicts (within 10%), model state and
+activations (with and without activation checkpointing), the scripts fail clearly when misused, run in Binder
+mode (Ray Train's local mode) inside Binder's memory, and they hold no line of any exercise answer."""
 import importlib
+import json
 import subprocess
 import sys
 
 import pytest
 
+from autograder.contain import run_limited
 from coursekit.distributed import run_distributed
-from coursekit.planner import compare
+from coursekit.planner import compare, vit_parameters
 from coursekit.testing import simulated_worker
-from helpers import REPO
+from helpers import PY, REPO
+from test_notebooks import BINDER_MIB, CUDA_BUILD_EXTRA_MIB
 
 MODULE = REPO / "solutions" / "07_scaling_up"
 SCRIPTS = ["train_single", "train_ddp_torchrun", "train_ray_ddp", "train_ray_fsdp2", "train_ray_deepspeed"]
@@ -41,29 +45,75 @@ def _run(rank, world_size, module, config):
     return {"reports": len(reports), "checkpoints": sum(r.has_checkpoint for r in reports), **reports[-1].metrics}
 
 
+def _run_each(rank, world_size, module, configs: dict):
+    """_run for each config in turn, on the same ranks (one fork of 4 ranks for HSDP and TP)."""
+    return {name: _run(rank, world_size, module, config) for name, config in configs.items()}
+
+
+#: name: (script, world size, strategy for the planner, config changes, the planner's options)
+STRATEGY_RUNS = {
+    "ddp": ("train_ray_ddp", 2, "ddp", {}, {}),
+    "fsdp2": ("train_ray_fsdp2", 2, "fsdp2", {}, {}),
+    "fsdp2 + AC": ("train_ray_fsdp2", 2, "fsdp2", {"checkpointing": True}, {"checkpointing": True}),
+    "zero1": ("train_ray_deepspeed", 2, "zero1", {"stage": 1}, {}),
+    "zero2": ("train_ray_deepspeed", 2, "zero2", {"stage": 2}, {}),
+    "zero3": ("train_ray_deepspeed", 2, "zero3", {"stage": 3}, {}),
+    "hsdp": ("train_ray_fsdp2", 4, "hsdp", {"hsdp": 2}, {"ranks_per_node": 2}),
+    "tp x fsdp2 + AC": ("train_ray_fsdp2", 4, "tp_fsdp", {"tp": 2, "checkpointing": True},
+                        {"tp": 2, "checkpointing": True}),
+}
+
+
 @pytest.mark.slow
 def test_every_strategy_trains_like_ddp_and_holds_the_predicted_memory(scripts):
     runs = {}
-    for name, script, changes in [("ddp", "train_ray_ddp", {}), ("fsdp2", "train_ray_fsdp2", {}),
-                                  ("zero1", "train_ray_deepspeed", {"stage": 1}),
-                                  ("zero2", "train_ray_deepspeed", {"stage": 2}),
-                                  ("zero3", "train_ray_deepspeed", {"stage": 3})]:
-        runs[name] = run_distributed(_run, 2, scripts[script], _config(scripts, **changes), timeout_s=300)
+    for name, (script, world_size, _, changes, _) in STRATEGY_RUNS.items():
+        if world_size == 2:
+            runs[name] = run_distributed(_run, 2, scripts[script], _config(scripts, **changes), timeout_s=300)
+    four = {name: _config(scripts, **changes) for name, (_, world_size, _, changes, _) in STRATEGY_RUNS.items()
+            if world_size == 4}                              # 2 nodes x 2 ranks, in one group of forked ranks
+    by_rank = run_distributed(_run_each, 4, scripts["train_ray_fsdp2"], four, timeout_s=300)
+    runs.update({name: [ranks[name] for ranks in by_rank] for name in four})
     reference = runs["ddp"][0]["losses"]
     for name, ranks in runs.items():
         rank0 = ranks[0]
         assert abs(rank0["losses"][0] - reference[0]) < 1e-3, f"{name}: {rank0['losses']} vs DDP {reference}"
-        assert rank0["world_size"] == 2 and rank0["samples_per_s"] > 0
+        assert rank0["world_size"] == STRATEGY_RUNS[name][1] and rank0["samples_per_s"] > 0
         assert 0 <= rank0["test_accuracy"] <= 1
         assert all(r["reports"] == 1 for r in ranks), "one report per epoch from every rank"
     assert [r["checkpoints"] for r in runs["ddp"]] == [1, 0], "DDP: rank 0 checkpoints"
-    for name in ("fsdp2", "zero1", "zero2", "zero3"):
-        assert [r["checkpoints"] for r in runs[name]] == [1, 1], f"{name}: every rank saves its shard"
-    rows = [{"strategy": name, "world_size": 2, **memory}
+    for name in set(runs) - {"ddp"}:
+        assert all(r["checkpoints"] == 1 for r in runs[name]), f"{name}: every rank saves its shard"
+    # the gathered model (qkv's rows put back in order after TP) predicts as FSDP2's does: the same weights
+    assert runs["tp x fsdp2 + AC"][0]["test_accuracy"] == runs["fsdp2"][0]["test_accuracy"]
+    config = _config(scripts)
+    vit = vit_parameters(**config["vit"])
+    rows = [{"strategy": STRATEGY_RUNS[name][2], "world_size": STRATEGY_RUNS[name][1], **memory,
+             **STRATEGY_RUNS[name][4], "tp_params": vit["tp"] if "tp" in STRATEGY_RUNS[name][4] else None}
             for name, ranks in runs.items() for memory in ranks[0]["memory_by_rank"]]
-    num_params = sum(p.numel() for p in scripts["train_single"].build_model(_config(scripts)).parameters())
-    table = compare(rows, num_params, "fp32", tolerance=0.10, accumulation=False)   # the scripts: no accumulation
+    # the scripts: no accumulation; the FSDP2 script measures its activations too
+    table = compare(rows, vit["total"], "fp32", tolerance=0.10, accumulation=False, vit=config["vit"])
     assert table["within"].all(), table.to_string()
+    assert table["activations ratio"].notna().sum() == 4, table.to_string()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, args", [("train_ray_fsdp2", ["--activation-checkpointing"]),
+                                          ("train_ray_deepspeed", ["--stage", "3"])])
+def test_script_in_binder_mode_fits_binders_memory(script, args, tmp_path):
+    """On Binder the sharded scripts run Ray Train's local mode (2 ranks forked from the driver, no Ray), inside
+    Binder's memory as the notebook test counts it: 2 GiB plus the CUDA build's extra for the one process that
+    imports torch (the ranks are its forks)."""
+    out, limit_mib = tmp_path / "metrics.json", BINDER_MIB + CUDA_BUILD_EXTRA_MIB
+    env = {"COURSE_PLATFORM": "binder", "COURSE_SIZE": "smoke", "COURSE_STORAGE": str(tmp_path / "storage")}
+    run = run_limited([PY, f"{script}.py", "--smoke-test", *args, "--metrics-out", str(out)], MODULE, env,
+                      timeout=300, memory=limit_mib * 2**20, log=tmp_path / "log.txt")
+    print(f"{script} in Binder mode: {run.seconds:.0f} s, peak {run.peak_rss / 2**20:.0f} of {limit_mib} MiB")
+    assert not run.killed and run.returncode == 0, f"{run.killed or run.returncode}: {run.output[-3000:]}"
+    assert "Ray Train local mode: 2 forked rank(s)" in run.output and "Started a local Ray" not in run.output
+    m = json.loads(out.read_text())
+    assert m["world_size"] == 2 and len(m["losses"]) == 2 and len(m["memory_by_rank"]) == 2
+    assert m["losses"][-1] < m["losses"][0] and m["test_accuracy"] > 0.3
 
 
 def _run_named(rank, world_size, script, config):
