@@ -116,11 +116,14 @@ def version_problem(installed: str | None = None) -> str | None:
     installed = installed_version() if installed is None else installed
     if installed == RAY_VERSION:
         return None
+    import sys
+
     return (f"coursekit uses private parts of Ray (coursekit/ray_internals.py) written for Ray {RAY_VERSION}, "
-            f"and this environment has Ray {installed}. To run the course, install the pinned version: "
-            f"`pip install -r requirements.txt` (or `make venv`), which has ray=={RAY_VERSION}. To move the course "
-            f"to Ray {installed}: set RAY_VERSION in coursekit/ray_internals.py and the pin in requirements.txt, "
-            "then run `pytest tests/test_ray_internals.py`, which names every private piece that moved.")
+            f"and this Python ({sys.executable}) has Ray {installed}. To run the course, install the pinned "
+            f"version into it: `{sys.executable} -m pip install -r requirements.txt` (ray=={RAY_VERSION}). To move "
+            f"the course to Ray {installed}: set RAY_VERSION in coursekit/ray_internals.py and the pin in "
+            "requirements.txt, then run `pytest tests/test_ray_internals.py`, which names every private piece "
+            "that moved.")
 
 
 def check_version() -> None:

@@ -1,4 +1,5 @@
 """The course data: MNIST when present, scikit-learn's digits offline."""
+import os
 import subprocess
 import sys
 
@@ -112,7 +113,7 @@ def test_a_copy_of_module_03_writes_its_files_into_the_users_cache_not_the_cours
         "train_digits = load_digits(train=True, limit=64, download=False, quiet=True)\n"
         "files = write_digits_parquet(train_digits, os.path.join(DATA_DIR, 'parquet-64'), num_files=2)\n"
         "print(rt.data_dir)\n")
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("COURSE_DATA", "COURSE_STORAGE")}
+    env = {k: v for k, v in os.environ.items() if k not in ("COURSE_DATA", "COURSE_STORAGE")}
     env.update(XDG_CACHE_HOME=str(cache), NBGRADER_EXECUTION="validate")
     out = subprocess.run([PY, "-c", notebook_cells], cwd=copy, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
