@@ -2,7 +2,8 @@
 fixed cost each submission pays outside nbgrader's autograde, and what a class would take.
 
     python -m autograder.benchmark [--students 2] [--jobs 1,2] [--cluster-nodes 2] [--modules ...]
-                                   [--class-size 300] [--node-cpus 8] [--out build/grading-bench] [--json FILE]
+                                   [--fixed-repeats 3] [--class-size 300] [--node-cpus 8]
+                                   [--out build/grading-bench] [--json FILE]
 
 Writes ``--students`` submissions of every module (alternately the reference solution and the untouched
 notebook, the two ends of the work a grader does), then grades the same submissions once per value of
@@ -11,7 +12,9 @@ notebook, the two ends of the work a grader does), then grades the same submissi
 real cluster). Each run starts from an empty output folder, so every submission is graded. It prints, for each
 run, the submissions per minute (graded submissions / the seconds from the first job to the last) and per module
 the mean seconds of a submission's own process and its fixed cost (``fixed_s``: the process's seconds outside
-nbgrader's autograde: starting it, the feedback page, the merge). Then the extrapolation to ``--class-size``
+nbgrader's autograde: starting it, the feedback page). Before those runs, the fixed cost of one untouched
+notebook is timed started both ways, a fresh ``python -m autograder.worker`` process per job and a fork of a warm
+worker (with and without the feedback page), alternately. Then the extrapolation to ``--class-size``
 students on nodes of ``--node-cpus`` CPUs, with its assumptions. Run it on an otherwise idle machine: it is not a
 test, its numbers depend on the machine.
 """
@@ -42,6 +45,35 @@ def _run(subs: Path, out: Path, ms: list[str], **options) -> dict:
             "not_graded": [f"{r['student']}/{r['module']}: {r['status']}" for r in rows if r not in graded]}
 
 
+def fixed_cost(subs: Path, out: Path, module: str, repeats: int) -> dict:
+    """Each job's seconds outside nbgrader's autograde, for the same notebook (the untouched one) graded ``repeats`` times by
+    a fresh ``python -m autograder.worker`` process (as every job was started before warm workers) and by a fork of
+    a warm worker, alternately (so that both see the same load); with and without the feedback page."""
+    import tempfile
+
+    from autograder.collect import collect
+    from autograder.grade import prepare, run_job
+
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    found = sorted((f for f in collect(subs, out, modules())[0] if f.module == module),
+                   key=lambda f: f.student != "student01")     # the untouched notebook where there is one
+    template = prepare(out, [module])[module]
+    seconds: dict[str, list[float]] = {"fresh process": [], "warm worker": [], "warm worker, --no-feedback": []}
+    modes = {"fresh process": (False, True), "warm worker": (True, True), "warm worker, --no-feedback": (True, False)}
+    base = Path(tempfile.mkdtemp(prefix="course-grading-bench-"))
+    try:
+        for _ in range(repeats):
+            for name, (warm, feedback) in modes.items():
+                run = run_job(found[0], template, base, [], 900, 8 * 2**30, feedback=feedback, warm=warm)
+                if run["result"].get("autograde_seconds") is not None:
+                    seconds[name].append(run["outcome"].seconds - run["result"]["autograde_seconds"])
+                shutil.rmtree(run["job"], ignore_errors=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return {name: round(sorted(v)[len(v) // 2], 2) if v else None for name, v in seconds.items()}
+
+
 def extrapolate(per_student_s: float, class_size: int, nodes: int, node_cpus: int) -> float:
     """Minutes to grade ``class_size`` students on ``nodes`` nodes of ``node_cpus`` CPUs, one submission per CPU
     at a time, each taking the seconds it took here with one job per CPU (``per_student_s``: all modules of one
@@ -59,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modules", default=None, help="comma-separated (default: all)")
     p.add_argument("--out", type=Path, default=REPO / "build" / "grading-bench")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    p.add_argument("--fixed-repeats", type=int, default=3,
+                   help="times each way of starting a job is timed for the fixed cost (0: skip)")
     args = p.parse_args(argv)
     ms = args.modules.split(",") if args.modules else modules()
     shutil.rmtree(args.out, ignore_errors=True)
@@ -66,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.students):
         for m in ms:
             write_submission(subs, f"student{i:02d}", m, solution_answers(m) if i % 2 == 0 else {})
+    fixed = fixed_cost(subs, args.out / "fixed", ms[0], args.fixed_repeats) if args.fixed_repeats else {}
     runs = {}
     for jobs in [int(j) for j in args.jobs.split(",") if j]:
         runs[f"local, --jobs {jobs}"] = _run(subs, args.out / f"jobs{jobs}", ms, jobs=jobs, timeout=900)
@@ -91,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
 
     local = [r for name, r in runs.items() if name.startswith("local")]
     ref = next((r for name, r in runs.items() if name == f"local, --jobs {os.cpu_count()}"), local[-1] if local else None)
-    summary = {"runs": runs, "class_size": args.class_size, "node_cpus": args.node_cpus}
+    if fixed:
+        print(f"\nFixed cost of a job outside nbgrader's autograde ({ms[0]}, untouched notebook, median of "
+              f"{args.fixed_repeats}): " + ", ".join(f"{k} {v} s" for k, v in fixed.items()))
+    summary = {"runs": runs, "fixed_cost_s": fixed, "class_size": args.class_size, "node_cpus": args.node_cpus}
     if ref:
         per_student = sum(t["mean_s"] for t in ref["modules"].values())
         summary["per_student_s"] = round(per_student, 1)

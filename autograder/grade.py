@@ -255,10 +255,10 @@ def _hidden_paths(out: Path, submissions: Path) -> list[Path]:
 
 
 def run_job(f: Found, template: Path, jobs_base: Path, hide: list[Path], timeout: float,
-            memory: int, feedback: bool = True) -> dict:
+            memory: int, feedback: bool = True, warm: bool = True) -> dict:
     """Autograde one submission in its own scratch root and process (forked by a warm worker: see
-    ``autograder.contain.WarmWorker``), with its HTML feedback page unless ``feedback`` is False; return what
-    happened."""
+    ``autograder.contain.WarmWorker``; ``warm=False``: a fresh ``python -m autograder.worker``, which the
+    benchmark compares), with its HTML feedback page unless ``feedback`` is False; return what happened."""
     job = Path(tempfile.mkdtemp(prefix="job-", dir=jobs_base))
     root = job / "root"
     root.mkdir()
@@ -273,8 +273,9 @@ def run_job(f: Found, template: Path, jobs_base: Path, hide: list[Path], timeout
            "JUPYTER_PATH": str(write_kernelspec(job, workdir, hide, REPO, [job / "runtime", job / "storage"])),
            "JUPYTER_RUNTIME_DIR": str(job / "runtime"), "PYTHONPATH": str(REPO),
            "PYTHONDONTWRITEBYTECODE": "1"}
-    outcome = run_limited(None, cwd=root, env=env, timeout=timeout, memory=memory, log=job / "worker.log",
-                          worker_argv=[str(job), f.student, f.module, *([] if feedback else ["--no-feedback"])])
+    argv = [str(job), f.student, f.module, *([] if feedback else ["--no-feedback"])]
+    outcome = run_limited(None if warm else [sys.executable, "-m", "autograder.worker", *argv], cwd=root, env=env,
+                          timeout=timeout, memory=memory, log=job / "worker.log", worker_argv=argv if warm else None)
     result = {}
     if (job / "result.json").exists():
         result = json.loads((job / "result.json").read_text())
