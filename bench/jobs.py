@@ -2,7 +2,7 @@
 
     python -m bench.jobs ray_train OUT.json [--short]   # fit cost and Ray Train DDP throughput
     python -m bench.jobs data OUT.json [--short]        # Ray Data vs DataLoader
-    python -m bench.jobs memory OUT.json [--short]      # module 07's strategies vs the planner
+    python -m bench.jobs memory OUT.json [--short]      # module 07's strategies (HSDP, TP, AC too) vs the planner
 
 Ray stops when the process exits. The harness (``bench.__main__``) runs them and reads OUT.json."""
 from __future__ import annotations
@@ -253,14 +253,19 @@ def _run_script(rank, world_size, module, config):
     return reports[-1].metrics
 
 
+def _run_scripts(rank, world_size, module, configs: dict):
+    return {name: _run_script(rank, world_size, module, config) for name, config in configs.items()}
+
+
 def memory(short: bool) -> dict:
-    """Module 07's training functions on 2 real gloo ranks (Ray Train's context simulated, as
-    tests/test_module07_scaling_up.py runs them); the model-state bytes their StepMeter counts per
-    rank, against coursekit.planner.predict via compare()."""
+    """Module 07's training functions on real gloo ranks (Ray Train's context simulated, as
+    tests/test_module07_scaling_up.py runs them): DDP, FSDP2 (with and without activation checkpointing) and
+    ZeRO on 2 ranks, HSDP and TP x FSDP2 on 2 nodes x 2; the model-state bytes their StepMeter counts per rank,
+    and the FSDP2 script's activations, against coursekit.planner via compare()."""
     import importlib
 
     from coursekit.distributed import run_distributed
-    from coursekit.planner import compare
+    from coursekit.planner import compare, vit_parameters
 
     folder = REPO / "solutions" / "07_scaling_up"
     sys.path.insert(0, str(folder))
@@ -268,21 +273,34 @@ def memory(short: bool) -> dict:
     base = single.parse_args(["--smoke-test"])
     base.update({"epochs": 1, "train_samples": 384, "test_samples": 64, "measure_steps": 2, "num_workers": 2,
                  "use_gpu": False, "bf16": False})
-    plan = [("fsdp2", "train_ray_fsdp2", {})] if short else [
-        ("ddp", "train_ray_ddp", {}), ("fsdp2", "train_ray_fsdp2", {}),
-        ("zero1", "train_ray_deepspeed", {"stage": 1}), ("zero2", "train_ray_deepspeed", {"stage": 2}),
-        ("zero3", "train_ray_deepspeed", {"stage": 3})]
-    rows, seconds = [], {}
-    for name, script, changes in plan:
+    vit = vit_parameters(**base["vit"])
+    # (name, script, world size, config changes, the planner's strategy and options)
+    plan = [("fsdp2", "train_ray_fsdp2", 2, {}, {"strategy": "fsdp2"})] if short else [
+        ("ddp", "train_ray_ddp", 2, {}, {"strategy": "ddp"}),
+        ("fsdp2", "train_ray_fsdp2", 2, {}, {"strategy": "fsdp2"}),
+        ("fsdp2 + AC", "train_ray_fsdp2", 2, {"checkpointing": True}, {"strategy": "fsdp2", "checkpointing": True}),
+        ("zero1", "train_ray_deepspeed", 2, {"stage": 1}, {"strategy": "zero1"}),
+        ("zero2", "train_ray_deepspeed", 2, {"stage": 2}, {"strategy": "zero2"}),
+        ("zero3", "train_ray_deepspeed", 2, {"stage": 3}, {"strategy": "zero3"}),
+        ("hsdp", "train_ray_fsdp2", 4, {"hsdp": 2}, {"strategy": "hsdp", "ranks_per_node": 2}),
+        ("tp x fsdp2", "train_ray_fsdp2", 4, {"tp": 2}, {"strategy": "tp_fsdp", "tp": 2, "tp_params": vit["tp"]}),
+        ("tp x fsdp2 + AC", "train_ray_fsdp2", 4, {"tp": 2, "checkpointing": True},
+         {"strategy": "tp_fsdp", "tp": 2, "tp_params": vit["tp"], "checkpointing": True})]
+    rows, seconds, throughput = [], {}, {}
+    for world_size, script in sorted({(n, script) for _, script, n, _, _ in plan}):
+        runs = [entry for entry in plan if entry[1] == script and entry[2] == world_size]
         t0 = time.perf_counter()
-        ranks = run_distributed(_run_script, 2, importlib.import_module(script), {**base, **changes}, timeout_s=600)
-        seconds[name] = time.perf_counter() - t0
-        rows += [{"strategy": name, "world_size": 2, "rank": r, **mem}
-                 for r, mem in enumerate(ranks[0]["memory_by_rank"])]
-    num_params = sum(p.numel() for p in single.build_model(base).parameters())
-    table = compare(rows, num_params, "fp32", tolerance=0.10, accumulation=False)
-    return {"num_params": num_params, "precision": "fp32", "world_size": 2, "by_rank": rows,
-            "comparison": json.loads(table.to_json(orient="records")), "seconds": seconds}
+        ranks = run_distributed(_run_scripts, world_size, importlib.import_module(script),
+                                {name: {**base, **changes} for name, _, _, changes, _ in runs}, timeout_s=600)
+        for name, _, _, _, planner in runs:
+            seconds[name] = (time.perf_counter() - t0) / len(runs)
+            throughput[name] = ranks[0][name]["samples_per_s"]
+            rows += [{"name": name, "world_size": world_size, "rank": r, **planner, **mem}
+                     for r, mem in enumerate(ranks[0][name]["memory_by_rank"])]
+    table = compare(rows, vit["total"], "fp32", tolerance=0.10, accumulation=False, vit=base["vit"])
+    return {"num_params": vit["total"], "precision": "fp32", "world_size": 2, "by_rank": rows,
+            "comparison": json.loads(table.to_json(orient="records")), "seconds": seconds,
+            "samples_per_s": throughput, "vit": base["vit"], "batch": base["global_batch_size"]}
 
 
 JOBS = {"ray_train": ray_train, "data": data, "memory": memory}
