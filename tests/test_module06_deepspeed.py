@@ -161,3 +161,118 @@ def test_zero3_checkpoint_files_hold_only_partitions(tmp_path):
     assert names == [f"zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt" for r in (0, 1) for kind in ("model", "optim")]
     states = torch.load(tmp_path / "t" / names[0], map_location="cpu", weights_only=False)
     assert all(v.numel() == 0 for v in states["module"].values()), "placeholders only"
+
+
+# --- ZeRO-3 construction under deepspeed.zero.Init (module 06, section 8; issue 29) ----------------------------------
+
+MID = dict(depth=4, width=256, heads=4, patch=7)   # 3.2M parameters (12.7 MB); its largest layer is 8% of it
+ZERO3 = {"train_micro_batch_size_per_gpu": MICRO, "steps_per_print": 10**9, "zero_force_ds_cpu_optimizer": False,
+         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+
+
+def _build(how, shape, seed=0):
+    import deepspeed
+
+    torch.manual_seed(seed)
+    with deepspeed.zero.Init(config_dict_or_path=ZERO3, enabled=how == "zero.Init"):
+        return ViT(**shape)
+
+
+def _engine(model):
+    import deepspeed
+
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                      config=ZERO3)
+    return engine
+
+
+def _gathered(engine):
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+        return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+
+
+def _construct_then_save(rank, world_size, root):
+    """Each rank's construction peak, eager and under zero.Init; then a zero.Init-built engine trains a step and
+    saves its checkpoint from every rank, reported as a Ray Train worker reports it."""
+    import gc
+    import os
+
+    import ray.train
+    from ray.train import Checkpoint
+
+    from coursekit.distributed import deepspeed_pytorch_ops_only
+    from coursekit.memory import PeakMemory, rss_follows_tensors
+    from coursekit.testing import simulated_worker
+
+    deepspeed_pytorch_ops_only()
+    rss_follows_tensors()
+    for how in ("eager", "zero.Init"):            # warm-up: the same code on the smoke-size ViT
+        _build(how, SHAPE)
+    peaks, held = {}, {}
+    for how in ("eager", "zero.Init"):
+        gc.collect()
+        with PeakMemory("cpu") as peak:
+            model = _build(how, MID)
+        peaks[how] = peak.bytes
+        held[how] = sum(getattr(p, "ds_tensor", p).numel() for p in model.parameters())
+        del model
+    engine = _engine(_build("zero.Init", SHAPE))
+    built = _gathered(engine)
+    images, labels = _batch(0, 0, rank, world_size)
+    engine.backward(F.cross_entropy(engine(images), labels))
+    engine.step()
+    directory = os.path.join(root, f"rank{rank}")      # this rank's own local directory, as in a Ray Train worker
+    with simulated_worker(rank, world_size) as reports:
+        engine.save_checkpoint(directory, tag="t", client_state={"epoch": 3})
+        ray.train.report({"epoch": 3}, checkpoint=Checkpoint.from_directory(directory))
+    return peaks, held, built, _gathered(engine), reports
+
+
+def _resume(rank, world_size, directory):
+    from coursekit.distributed import deepspeed_pytorch_ops_only
+
+    deepspeed_pytorch_ops_only()
+    engine = _engine(_build("zero.Init", SHAPE, seed=7))      # a fresh engine, other weights
+    before = _gathered(engine)
+    _, client_state = engine.load_checkpoint(directory)
+    return before, _gathered(engine), client_state["epoch"]
+
+
+@pytest.mark.slow
+def test_zero_init_construction_never_holds_the_whole_model_and_its_checkpoint_round_trips(tmp_path):
+    import gc
+
+    import deepspeed  # noqa: F401  imported once here: the forked ranks inherit it
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    gc.freeze()          # the ranks' gc.collect() (DeepSpeed calls it) skips pytest's objects: ZeRO-3 starts faster
+    try:
+        ranks = run_distributed(_construct_then_save, 2, str(tmp_path), timeout_s=300)
+        whole = 4 * count_params(ViT(**MID))
+        for rank, (peaks, held, *_) in enumerate(ranks):
+            # an eager build materialises every weight on every rank; zero.Init keeps its half plus one layer (0.58 x)
+            assert peaks["eager"] > 0.9 * whole, (rank, peaks, whole)
+            assert peaks["zero.Init"] < 0.75 * whole, (rank, peaks, whole)
+            assert 4 * held["eager"] == whole and abs(4 * held["zero.Init"] - whole / 2) <= 4 * 64, (rank, held)
+        torch.manual_seed(0)
+        eager = ViT(**SHAPE).state_dict()
+        saved = ranks[0][3]
+        for rank, (*_, built, trained, reports) in enumerate(ranks):
+            assert max((built[k] - v).abs().max().item() for k, v in eager.items()) == 0, \
+                "zero.Init broadcasts rank 0's initialisation: the weights of an eager build with the same seed"
+            assert max((trained[k] - saved[k]).abs().max().item() for k in saved) == 0
+            assert len(reports) == 1 and f"t/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" in reports[0].files
+        merged = tmp_path / "merged"                 # what Ray Train's storage holds: every rank's files
+        for *_, reports in ranks:
+            for name, content in reports[0].files.items():
+                (merged / name).parent.mkdir(parents=True, exist_ok=True)
+                (merged / name).write_bytes(content)
+        for before, after, epoch in run_distributed(_resume, 2, str(merged), timeout_s=300):
+            assert max((before[k] - saved[k]).abs().max().item() for k in saved) > 0.01   # it started elsewhere
+            assert max((after[k] - saved[k]).abs().max().item() for k in saved) == 0 and epoch == 3
+    finally:
+        gc.unfreeze()
+    consolidated = get_fp32_state_dict_from_zero_checkpoint(str(merged))
+    assert max((consolidated[k] - saved[k]).abs().max().item() for k in saved) == 0
