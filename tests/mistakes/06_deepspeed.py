@@ -54,8 +54,6 @@ _CONFIG_HEAD = (
 
 MORE_WRONG = [
     {
-        # question 6: takes zero.Init's construction saving for a saving in the training step too
-        "concept_zero_init_peak": 'CONCEPT_ZERO_INIT_PEAK = "b"\n',
         # the config block is built but never used: the stage and offload go into a copy, the engine runs stage 0
         "build_engine": (_CONFIG_HEAD +
             "    ds_config = {'train_batch_size': global_batch_size, 'train_micro_batch_size_per_gpu': micro_batch_size,\n"
