@@ -9,7 +9,8 @@ What travels, and what does not:
   tests, and its RELEASED files), each as a gzipped tar in Ray's object store. The solutions never leave the
   driver's machine.
 * On the node, the task grades exactly as a local job does (``autograder.grade.run_job``): its own scratch
-  root, the node's bubblewrap jail and memory cgroup (where the node has them; each row says on which node it
+  root, the node's bubblewrap jail (hiding the repository's folders, as locally, and the driver's output and
+  submissions folders wherever the node has them: shared storage) and memory cgroup (where the node has them; each row says on which node it
   was graded and whether its kernel was jailed there), the wall-clock limit.
 * Back to the driver: the job's gradebook, its autograded notebook and feedback page, and what happened
   (``Outcome``, nbgrader's result). The driver alone merges them into the main gradebook, once per job, as a
@@ -57,8 +58,10 @@ def template_parts(module: str) -> list[str]:
 
 
 def grade_on_node(found, template_tar: bytes, submission_tar: bytes, timeout: float, memory: int,
-                  feedback: bool = True) -> dict:
-    """The body of a grading task: one job graded on this node; returns what the driver merges."""
+                  feedback: bool = True, hide: tuple[str, ...] = ()) -> dict:
+    """The body of a grading task: one job graded on this node; returns what the driver merges. ``hide``: the
+    driver's own folders the kernel must not see (its output and the submissions), hidden wherever this node has
+    them too, as on a cluster whose nodes all mount the same shared storage."""
     import shutil
 
     from autograder.contain import jail_available
@@ -71,7 +74,7 @@ def grade_on_node(found, template_tar: bytes, submission_tar: bytes, timeout: fl
         jobs = base / "jobs"
         jobs.mkdir()
         run = run_job(dataclasses.replace(found, folder=submission), template, jobs,
-                      [*_hidden_paths(base, base)], timeout, memory, feedback)
+                      [*_hidden_paths(base, base), *map(Path, hide)], timeout, memory, feedback)
         job = run["job"]
         where = f"{found.student}/{found.module}"
         return {"outcome": dataclasses.asdict(run["outcome"]), "result": run["result"],
@@ -82,7 +85,7 @@ def grade_on_node(found, template_tar: bytes, submission_tar: bytes, timeout: fl
 
 
 def run_jobs_on_ray(jobs: list, templates: dict[str, Path], address: str, memory: int,
-                    cpus_per_job: float = 1.0) -> Iterator[tuple]:
+                    cpus_per_job: float = 1.0, hide: list[Path] = ()) -> Iterator[tuple]:
     """Like ``autograder.grade.run_jobs``, on the Ray cluster at ``address``: yield (job, run) as each job's
     task returns, ``run`` holding a local folder with the job's files (removed after the yield)."""
     import shutil
@@ -95,7 +98,9 @@ def run_jobs_on_ray(jobs: list, templates: dict[str, Path], address: str, memory
         ray.init(address=address, logging_level="ERROR", log_to_driver=False, configure_logging=False)
     task = ray.remote(grade_on_node).options(num_cpus=cpus_per_job, memory=memory, max_retries=TASK_RETRIES)
     tpl = {m: ray.put(pack(templates[m], template_parts(m))) for m in sorted({j.found.module for j in jobs})}
-    pending = {task.remote(j.found, tpl[j.found.module], pack(j.found.folder), j.timeout, memory, j.feedback): j
+    hidden = tuple(str(p) for p in hide)
+    pending = {task.remote(j.found, tpl[j.found.module], pack(j.found.folder), j.timeout, memory, j.feedback,
+                           hidden): j
                for j in jobs}
     local = Path(tempfile.mkdtemp(prefix="course-grading-merge-"))
     count = 0

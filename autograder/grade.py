@@ -585,7 +585,7 @@ def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bo
         from autograder.cluster import run_jobs_on_ray
 
         say(f"grading {len(todo)} submission(s) of {len(wanted)} module(s) on the Ray cluster at {address}")
-        runs = run_jobs_on_ray(todo, templates, address, memory)
+        runs = run_jobs_on_ray(todo, templates, address, memory, hide=_hidden_paths(out, submissions))
     else:
         if todo:
             say(f"grading {len(todo)} submission(s) of {len(wanted)} module(s), {workers} at a time"
