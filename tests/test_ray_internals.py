@@ -32,6 +32,18 @@ def test_every_private_piece_of_ray_the_course_uses_is_there():
                       "names who uses each):\n" + "\n".join(gone))
 
 
+def test_what_moved_is_named_with_who_uses_it(monkeypatch):
+    monkeypatch.setitem(ray_internals.SYMBOLS, "Gone", "ray.train.v2._internal.nowhere:Gone")
+    monkeypatch.setattr(ray_internals, "MEMBERS", [("StorageContext", "_renamed_in_a_later_ray", "used by X")])
+    monkeypatch.setattr(ray_internals, "INSTANCE_ATTRIBUTES",
+                        [("ASHAScheduler", {}, "_brackets.0._not_there", "read by Y")])
+    gone = ray_internals.missing()
+    assert len(gone) == 3, gone
+    assert gone[0].startswith("Gone = ray.train.v2._internal.nowhere:Gone: ModuleNotFoundError")
+    assert gone[1].startswith("StorageContext._renamed_in_a_later_ray (used by X): AttributeError")
+    assert gone[2].startswith("ASHAScheduler(...)._brackets.0._not_there (read by Y): AttributeError")
+
+
 def test_the_version_written_for_is_the_one_requirements_txt_pins():
     pins = (REPO / "requirements.txt").read_text()
     pinned = re.search(r"^ray\[[^\]]*\]==(\S+)", pins, re.M)

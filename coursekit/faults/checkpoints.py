@@ -12,6 +12,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
+
 def bucket_checkpoint(files: dict[str, bytes], name: str | None = None):
     """A ``ray.train.Checkpoint`` holding ``files`` ({file name: bytes}) on storage that is not a local folder.
 

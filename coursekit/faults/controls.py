@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from coursekit.widgets import STYLE, Controls, layout, warning
 
+
 class FaultToleranceControls(Controls):
     """Module 04's live run, chosen with controls: which faults to inject, and the ``FailureConfig`` /
     ``CheckpointConfig`` values (``max_failures``, ``num_to_keep``, the score metric) the run gets.
