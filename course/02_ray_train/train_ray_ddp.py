@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -37,14 +38,16 @@ from ray.train.torch import TorchTrainer
 
 from coursekit import detect
 from coursekit.data import load_digits
+from coursekit.localmode import fit_trainer
 from coursekit.models import accuracy, build_model
 from coursekit.raysetup import init_ray, storage_path
 from coursekit.scaling import PLACEMENT_STRATEGIES, ScalingError, make_scaling_config, worker_resources
 
 
 def worker_node_ids() -> list[str]:
-    """The Ray node each worker runs on, in rank order: where the placement strategy put them."""
-    mine = ray.get_runtime_context().get_node_id()
+    """The Ray node each worker runs on, in rank order: where the placement strategy put them. In Ray Train's
+    local mode (Binder) there is no Ray to ask (asking would start one): the ranks are on this machine."""
+    mine = ray.get_runtime_context().get_node_id() if ray.is_initialized() else f"local:{socket.gethostname()}"
     if not (dist.is_available() and dist.is_initialized()):
         return [mine]
     everyone = [None] * dist.get_world_size()
@@ -127,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if rt.ray_address is None:  # a local machine: refuse an impossible choice before starting Ray
             check()
-        init_ray(rt)
-        check()  # against the cluster's resources
+        if not rt.local_mode:  # a small machine (Binder) runs Ray Train's local mode on forked ranks: no Ray
+            init_ray(rt)
+            check()  # against the cluster's resources
     except ScalingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -138,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = build_trainer(train_func, scaling_config, storage_path(rt), name, config,
                             num_to_keep=args.keep, score_attribute="loss", score_order="min")
     start = time.perf_counter()
-    result = trainer.fit()
+    result = fit_trainer(trainer, rt)  # trainer.fit(), or local mode where a Ray worker group does not fit
     wall = time.perf_counter() - start
     df = result.metrics_dataframe.sort_values("epoch")
     print(df[["epoch", "loss"]].to_string(index=False))

@@ -44,6 +44,7 @@ from ray.train.torch import TorchTrainer
 from coursekit import detect
 from coursekit.data import load_digits
 from coursekit.faults import fired, inject_faults
+from coursekit.localmode import fit_trainer
 from coursekit.models import accuracy, build_model
 from coursekit.raysetup import init_ray, storage_path
 from coursekit.scaling import ScalingError, make_scaling_config, worker_resources
@@ -226,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if rt.ray_address is None:
             make_scaling_config(args.num_workers, args.use_gpu, global_batch_size=sizes["global_batch_size"])
-        init_ray(rt)
+        if not rt.local_mode:  # a small machine (Binder) runs Ray Train's local mode on forked ranks: no Ray
+            init_ray(rt)
         scaling_config = make_scaling_config(args.num_workers, args.use_gpu,
                                              global_batch_size=sizes["global_batch_size"])
     except ScalingError as e:
@@ -249,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
                              failure_config=FailureConfig(max_failures=args.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=None)))
     start = time.perf_counter()
-    result = trainer.fit()
+    # trainer.fit(), or local mode where a Ray worker group does not fit (FailureConfig restarts the ranks there too)
+    result = fit_trainer(trainer, rt)
     wall = time.perf_counter() - start
     df = result.metrics_dataframe
     print(df[["epoch", "loss", "accuracy", "started_at_epoch", "recovery_s"]].to_string(index=False))

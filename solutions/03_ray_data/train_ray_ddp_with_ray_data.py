@@ -41,6 +41,7 @@ from ray.train.torch import TorchTrainer
 
 from coursekit import detect
 from coursekit.data import load_digits
+from coursekit.localmode import fit_trainer
 from coursekit.models import accuracy, build_model
 from coursekit.objectstore import ObjectStoreMonitor
 from coursekit.raydata import configure_ray_data, local_ray_options, plan_resources
@@ -181,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     ### END SOLUTION
     start = time.perf_counter()
     with ObjectStoreMonitor() as store:
-        result = trainer.fit()
+        # trainer.fit(); where a Ray worker group does not fit (Binder), Ray Train's local mode: one rank in this
+        # process reads the whole stream (Ray stays up for Ray Data's tasks)
+        result = fit_trainer(trainer, rt)
     wall = time.perf_counter() - start
     df = result.metrics_dataframe
     print(df[["epoch", "loss", "rows_per_s"]].to_string(index=False))
