@@ -6,20 +6,18 @@ widget, moves the workers slider and checks that the kernel-side ScalingConfig f
 and 07, it runs the cells each module's widget needs, moves a control, checks what the widget shows and what the
 kernel reads. Last it opens nbgrader's Assignment List and Formgrader panels. Screenshots go to build/browser/.
 
-The test installs what it needs: Chromium with apt-get (when /usr/bin/chromium is missing) and
-Playwright from tests/browser/requirements.txt into the running venv. It never downloads a browser
-(`playwright install` is not used). It is skipped only when Chromium cannot be installed.
+`make browser` (run by `make test`) installs what it needs: Playwright from tests/browser/requirements.txt into
+the venv and Debian's Chromium with apt-get (when /usr/bin/chromium is missing); `playwright install` (Playwright's
+own browser download) is not used. The test installs nothing: it is skipped, saying why, when either is missing.
 """
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 import urllib.request
 from importlib import metadata
@@ -29,7 +27,6 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 
-from autograder.paths import apt_install, run_command
 from coursekit.distributed import free_port
 from helpers import REPO, read_pins, stop_process_group, wait_for_server
 
@@ -43,25 +40,29 @@ COURSE_ID = "ray-train-course"
 WIDGET_ERRORS = re.compile(r"Error displaying widget|model not found", re.I)
 
 
-# ------------------------------------------------------------------ what the test installs
+# ------------------------------------------------------------------ what `make browser` installed
 
-def install_playwright() -> None:
-    """Playwright for Python at the version pinned in tests/browser/requirements.txt, in this venv."""
+def missing_tools() -> str | None:
+    """Why the browser test cannot run here (Chromium or the pinned Playwright is missing), or None."""
     wanted = read_pins(REQUIREMENTS)["playwright"]
-    with contextlib.suppress(metadata.PackageNotFoundError):
-        if metadata.version("playwright") == wanted:
-            return
-    why = run_command([sys.executable, "-m", "pip", "install", "--quiet", "-r", str(REQUIREMENTS)], 600)
-    assert why is None, f"could not install Playwright from {REQUIREMENTS}: {why}"
-    importlib.invalidate_caches()
+    try:
+        have = metadata.version("playwright")
+    except metadata.PackageNotFoundError:
+        have = None
+    if have != wanted:
+        return (f"Playwright {wanted} is not installed in this venv ({have or 'none'} is): run `make browser` "
+                "(make test does)")
+    if not Path(CHROMIUM).exists():
+        return (f"{CHROMIUM} is missing: run `make browser` (make test does), which installs Debian's chromium "
+                "with apt-get as root or through sudo -n")
+    return None
 
 
 @pytest.fixture(scope="session")
 def browser():
-    why = apt_install("chromium", CHROMIUM)
+    why = missing_tools()
     if why:
-        pytest.skip(f"browser test needs Chromium: {why}")
-    install_playwright()
+        pytest.skip(f"browser test: {why}")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

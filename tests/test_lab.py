@@ -9,6 +9,10 @@ import pytest
 from coursekit.distributed import free_port
 from helpers import REPO, stop_process_group, wait_for_server
 
+# `make lab` checks the venv's stamps (and reinstalls the course set when requirements.txt or pyproject.toml is newer),
+# then starts a Jupyter server: not the development loop
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def lab():
