@@ -34,6 +34,7 @@ def _rank0_skips_collective(rank, world_size):
     return rank
 
 
+@pytest.mark.slow
 def test_a_hanging_collective_times_out_instead_of_blocking():
     with pytest.raises((TimeoutError, RuntimeError)):
         run_distributed(_rank0_skips_collective, 2, timeout_s=8)
@@ -91,6 +92,7 @@ def test_start_method_is_fork_on_a_cpu_machine_and_can_be_forced(monkeypatch):
         start_method()
 
 
+@pytest.mark.slow
 def test_spawned_ranks_run_a_function_defined_on_the_fly(monkeypatch):
     """The GPU-machine path: spawned processes (no fork), the function sent by value, GPUs hidden."""
     monkeypatch.setenv("COURSE_START_METHOD", "spawn")

@@ -88,6 +88,7 @@ def test_nbgraders_own_export_agrees_with_grades_csv(corpus):
     assert theirs["good"] > 0
 
 
+@pytest.mark.slow
 def test_merge_copies_every_field_of_a_jobs_gradebook(tmp_path, monkeypatch):
     """A job's submission, notebook, grade and comment rows reach the main gradebook whole, set fields and
     all (late penalty, flags, manual scores), whatever columns this nbgrader version has."""

@@ -64,6 +64,7 @@ def formgrader(tmp_path_factory):
     stop_process_group(proc)
 
 
+@pytest.mark.slow
 def test_formgrader_serves_the_grading_course(formgrader):
     status, page = formgrader("/formgrader")
     assert status == 200 and "formgrader" in page.lower()
@@ -127,6 +128,7 @@ def _renamed(code: str) -> str:
     return ast.unparse(Rename().visit(ast.parse(code)))
 
 
+@pytest.mark.slow
 def test_an_answer_with_its_names_changed_is_still_a_leak_and_each_module_sees_only_earlier_answers(tmp_path):
     """The check compares code by its shape (names and literals abstracted), not by its lines; and a module's
     folder may hold earlier modules' answers (they are released after those deadlines), never its own or a later

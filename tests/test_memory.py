@@ -151,6 +151,7 @@ def _zero_measure(rank, world_size, stage):
     return zero_rank_bytes(engine)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_zero_rank_bytes_counts_what_each_rank_holds(stage):
     from coursekit.planner import zero_bytes

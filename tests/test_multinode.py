@@ -171,6 +171,7 @@ def test_ddp_script_spreads_workers_over_two_nodes_and_checkpoints_to_shared_sto
     assert m["test_accuracy"] > 0.5, m
 
 
+@pytest.mark.slow
 def test_strict_spread_on_one_machine_is_refused_with_a_clear_message():
     """Without a cluster (no RAY_ADDRESS) there is one node: STRICT_SPREAD of 2 workers would hang."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
