@@ -145,6 +145,14 @@ def test_torchrun_script_explains_how_to_start_it():
     assert proc.returncode != 0 and "torchrun" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("args, message", [(["--hsdp", "2", "--tp", "2"], "choose --hsdp or --tp"),
+                                           (["--num-workers", "6", "--tp", "4"], "--tp 4 must divide --num-workers")])
+def test_fsdp2_script_refuses_meshes_it_cannot_build(scripts, args, message, capsys):
+    with pytest.raises(SystemExit):
+        scripts["train_ray_fsdp2"].parse_args(["--smoke-test", *args])
+    assert message in capsys.readouterr().err
+
+
 def test_too_few_steps_to_measure_is_a_clear_error(scripts):
     with pytest.raises(RuntimeError, match="train longer"):
         scripts["train_single"].train(_config(scripts, train_samples=128, measure_steps=8))

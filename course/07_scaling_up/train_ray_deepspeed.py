@@ -32,6 +32,7 @@ import deepspeed  # noqa: E402
 
 from coursekit.data import load_digits
 from coursekit.distributed import deepspeed_pytorch_ops_only
+from coursekit.localmode import fit_trainer
 from coursekit.models import ViT, accuracy
 from coursekit.planner import StepMeter
 from coursekit.raysetup import init_ray, storage_path
@@ -121,12 +122,13 @@ def train_func(cfg: dict) -> None:
 def main(argv=None) -> dict:
     rt = detect()
     cfg = parse_args(argv)
-    init_ray(rt)
+    if not rt.local_mode:   # a small machine (Binder) runs Ray Train's local mode on forked ranks: no Ray
+        init_ray(rt)
     scaling = make_scaling_config(cfg["num_workers"], cfg["use_gpu"], global_batch_size=cfg["global_batch_size"])
     run = RunConfig(storage_path=storage_path(rt), name=time.strftime(f"07-ray-engine{cfg['stage']}-%Y%m%d-%H%M%S"))
     # no TorchConfig(backend=...): Ray Train picks NCCL when each worker has a GPU, else gloo
     trainer = TorchTrainer(train_func, train_loop_config=cfg, scaling_config=scaling, run_config=run)
-    results = trainer.fit().metrics
+    results = fit_trainer(trainer, rt).metrics   # trainer.fit(), or local mode where Ray does not fit
     print({k: v for k, v in results.items() if k != "memory_by_rank"})
     if cfg["metrics_out"]:
         with open(cfg["metrics_out"], "w") as f:

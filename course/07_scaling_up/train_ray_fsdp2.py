@@ -2,25 +2,37 @@
 
     python train_ray_fsdp2.py --smoke-test                   # 2 CPU workers here
     python train_ray_fsdp2.py --num-workers 8 --use-gpu      # on a GPU cluster (RAY_ADDRESS or Anyscale)
+    python train_ray_fsdp2.py --num-workers 16 --use-gpu --hsdp 8          # HSDP: 2 nodes of 8 GPUs
+    python train_ray_fsdp2.py --num-workers 16 --use-gpu --tp 8            # TP in a node x FSDP2 across nodes
+    python train_ray_fsdp2.py --num-workers 8 --use-gpu --activation-checkpointing
 
 fully_shard on every block, then the root, over a device mesh of the worker's device type; the
-optimizer after sharding; every rank saves its shards with DCP and reports them.
+optimizer after sharding; every rank saves its shards with DCP and reports them. The options change
+only the mesh and the blocks (module 05): --hsdp K shards within groups of K ranks (a node) and
+replicates across them; --tp K splits each block's linear layers over K ranks (a node) with DTensor,
+then FSDP2 shards over the data-parallel dimension; --activation-checkpointing keeps only each
+block's input for the backward pass and recomputes the rest.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import logging
 import tempfile
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import ray.train
 import ray.train.torch
@@ -29,6 +41,7 @@ from ray.train.torch import TorchTrainer, prepare_data_loader
 
 from coursekit import detect
 from coursekit.data import load_digits
+from coursekit.localmode import fit_trainer
 from coursekit.models import ViT, accuracy
 from coursekit.planner import StepMeter
 from coursekit.raysetup import init_ray, storage_path
@@ -49,19 +62,66 @@ def parse_args(argv=None) -> dict:
                    help="default: one per GPU of the cluster's workers, else 2")
     p.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=workers.use_gpu,
                    help="one GPU per worker (default: yes where the cluster's workers have GPUs)")
+    p.add_argument("--hsdp", type=int, default=0, metavar="K",
+                   help="HSDP: shard within groups of K ranks (a node), replicate across the groups")
+    p.add_argument("--tp", type=int, default=1, metavar="K", help="tensor parallelism over K ranks (a node) x FSDP2")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="keep only each block's input for the backward pass, recompute the rest")
     args = p.parse_args(argv)
+    if args.hsdp and args.tp > 1:
+        p.error("choose --hsdp or --tp: this script builds 2-D meshes, not 3-D ones")
+    for flag, group in (("--hsdp", args.hsdp), ("--tp", args.tp)):
+        if group and args.num_workers % group:
+            p.error(f"{flag} {group} must divide --num-workers ({args.num_workers}): whole nodes of {group} ranks")
     sizes = SIZES["smoke"] if args.smoke_test else rt.sizes
     return {"epochs": args.epochs or sizes["epochs"], "lr": args.lr,
             "global_batch_size": args.global_batch_size or sizes["global_batch_size"],
             "train_samples": sizes["train_samples"], "test_samples": sizes["test_samples"],
             "vit": {k: sizes[f"vit_{k}"] for k in ("depth", "width", "heads", "patch")},
             "metrics_out": args.metrics_out, "seed": 0,
-            "num_workers": args.num_workers, "use_gpu": args.use_gpu}
+            "num_workers": args.num_workers, "use_gpu": args.use_gpu,
+            "hsdp": args.hsdp, "tp": args.tp, "checkpointing": args.activation_checkpointing}
 
 
 def build_model(cfg: dict) -> ViT:
     torch.manual_seed(cfg["seed"])
     return ViT(**cfg["vit"])
+
+
+def qkv_rows_by_rank(width: int, tp: int) -> torch.Tensor:
+    """The order of qkv's output rows that gives each TP rank's contiguous chunk its own heads' q, k and v."""
+    return torch.arange(3 * width).view(3, tp, width // tp).transpose(0, 1).reshape(-1)
+
+
+def local_heads_attention(attn, x: torch.Tensor) -> torch.Tensor:
+    """The ViT's attention on the heads this rank holds (-1: heads / tp of them), as torchtitan writes it."""
+    b, t, _ = x.shape
+    q, k, v = attn.qkv(x).view(b, t, 3, -1, attn.head_dim).permute(2, 0, 3, 1, 4)
+    y = F.scaled_dot_product_attention(q, k, v)
+    return attn.proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+def tensor_parallel(model: ViT, tp_mesh) -> None:
+    """Megatron's plan on every block: qkv and the MLP's first layer split by columns (heads, hidden units),
+    proj and the MLP's second layer by rows; one all-reduce after each pair, forward and backward."""
+    # the gathered full state dict of 2-D parameters (end of training) takes two all-gathers: torch says so, loudly
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    for block in model.blocks:
+        attn = block.attn
+        order = qkv_rows_by_rank(attn.qkv.in_features, tp_mesh.size())
+        with torch.no_grad():                                # rank r's rows: [q, k, v] of its heads (checkpoints too)
+            attn.qkv.weight.copy_(attn.qkv.weight[order])
+            attn.qkv.bias.copy_(attn.qkv.bias[order])
+        attn.head_dim = attn.qkv.in_features // attn.heads
+        attn.forward = functools.partial(local_heads_attention, attn)
+        parallelize_module(block, tp_mesh, {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
+                                            "mlp.0": ColwiseParallel(), "mlp.2": RowwiseParallel()})
+
+
+def checkpointed(block) -> None:
+    """Activation checkpointing: the block keeps its input, and recomputes the rest in the backward pass."""
+    forward = block.forward
+    block.forward = lambda x: checkpoint(forward, x, use_reentrant=False)
 
 
 def train_func(cfg: dict) -> None:
@@ -70,14 +130,30 @@ def train_func(cfg: dict) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     model = build_model(cfg).to(device)
-    ranks = init_device_mesh(device.type, (world_size,))     # one dimension: every rank holds a shard
+    hsdp, tp = cfg.get("hsdp", 0), cfg.get("tp", 1)
+    if hsdp:       # (nodes, ranks per node): sharded within a node, replicated across nodes
+        ranks = init_device_mesh(device.type, (world_size // hsdp, hsdp), mesh_dim_names=("replicate", "shard"))
+    elif tp > 1:   # (data parallel, tensor parallel): the TP group is a node's ranks
+        mesh = init_device_mesh(device.type, (world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+        tensor_parallel(model, mesh["tp"])
+        ranks = mesh["dp"]
+    else:
+        ranks = init_device_mesh(device.type, (world_size,))     # one dimension: every rank holds a shard
     for layer in model.blocks:                               # one unit per block, gathered one at a time
+        if cfg.get("checkpointing"):
+            checkpointed(layer)
         fully_shard(layer, mesh=ranks)
     fully_shard(model, mesh=ranks)                           # the root: embedding and head
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"])   # after sharding: it holds the shards
     digits = load_digits(train=True, limit=cfg["train_samples"], quiet=True).dataset()
-    batches = prepare_data_loader(DataLoader(digits, batch_size=cfg["global_batch_size"] // world_size, shuffle=True,
-                                             drop_last=True, generator=torch.Generator().manual_seed(cfg["seed"])))
+    if tp > 1:     # the ranks of a TP group read the same batch: a sampler over the data-parallel ranks
+        order = DistributedSampler(digits, num_replicas=ranks.size(), rank=ranks.get_local_rank(), seed=cfg["seed"])
+        batches = DataLoader(digits, batch_size=cfg["global_batch_size"] // ranks.size(), sampler=order,
+                             drop_last=True)
+    else:
+        batches = prepare_data_loader(DataLoader(digits, batch_size=cfg["global_batch_size"] // world_size,
+                                                 shuffle=True, drop_last=True,
+                                                 generator=torch.Generator().manual_seed(cfg["seed"])))
     meter = StepMeter(warmup=2, steps=cfg.get("measure_steps", 8))
     losses = []
     for epoch in range(cfg["epochs"]):
@@ -86,7 +162,9 @@ def train_func(cfg: dict) -> None:
         model.train()
         epoch_sums = torch.zeros(2, device=device)           # loss x samples, samples
         for inputs, targets in batches:
-            loss = F.cross_entropy(model(inputs), targets)
+            inputs, targets = inputs.to(device), targets.to(device)
+            with meter.forward(model, len(targets)):             # measures the activations, once
+                loss = F.cross_entropy(model(inputs), targets)
             optimizer.zero_grad()
             loss.backward()
             meter.tick(model, optimizer, len(targets))
@@ -102,6 +180,8 @@ def train_func(cfg: dict) -> None:
             held_out = load_digits(train=False, limit=cfg["test_samples"], quiet=True)
             gathered = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
             if rank == 0:                                # the gathered full model, on rank 0 only
+                for key in (key for key in gathered if tp > 1 and ".attn.qkv." in key):
+                    gathered[key] = gathered[key][torch.argsort(qkv_rows_by_rank(cfg["vit"]["width"], tp))]
                 plain = build_model(cfg)
                 plain.load_state_dict(gathered)
                 metrics["test_accuracy"] = accuracy(plain, held_out.tensors, held_out.labels)
@@ -115,12 +195,13 @@ def train_func(cfg: dict) -> None:
 def main(argv=None) -> dict:
     rt = detect()
     cfg = parse_args(argv)
-    init_ray(rt)
+    if not rt.local_mode:   # a small machine (Binder) runs Ray Train's local mode on forked ranks: no Ray
+        init_ray(rt)
     scaling = make_scaling_config(cfg["num_workers"], cfg["use_gpu"], global_batch_size=cfg["global_batch_size"])
     run = RunConfig(storage_path=storage_path(rt), name=time.strftime("07-ray-fsdp2-%Y%m%d-%H%M%S"))
     # no TorchConfig(backend=...): Ray Train picks NCCL when each worker has a GPU, else gloo
     trainer = TorchTrainer(train_func, train_loop_config=cfg, scaling_config=scaling, run_config=run)
-    results = trainer.fit().metrics
+    results = fit_trainer(trainer, rt).metrics   # trainer.fit(), or local mode where Ray does not fit
     print({k: v for k, v in results.items() if k != "memory_by_rank"})
     if cfg["metrics_out"]:
         with open(cfg["metrics_out"], "w") as f:

@@ -70,6 +70,9 @@ def parse_args(argv=None) -> dict:
     args = p.parse_args(argv)
     if args.hsdp and args.tp > 1:
         p.error("choose --hsdp or --tp: this script builds 2-D meshes, not 3-D ones")
+    for flag, group in (("--hsdp", args.hsdp), ("--tp", args.tp)):
+        if group and args.num_workers % group:
+            p.error(f"{flag} {group} must divide --num-workers ({args.num_workers}): whole nodes of {group} ranks")
     sizes = SIZES["smoke"] if args.smoke_test else rt.sizes
     return {"epochs": args.epochs or sizes["epochs"], "lr": args.lr,
             "global_batch_size": args.global_batch_size or sizes["global_batch_size"],
@@ -103,10 +106,10 @@ def tensor_parallel(model: ViT, tp_mesh) -> None:
     proj and the MLP's second layer by rows; one all-reduce after each pair, forward and backward."""
     # the gathered full state dict of 2-D parameters (end of training) takes two all-gathers: torch says so, loudly
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    order = qkv_rows_by_rank(model.pos_embed.shape[1], tp_mesh.size())
     for block in model.blocks:
         attn = block.attn
-        with torch.no_grad():                                # rank r's rows: [q, k, v] of its heads
+        order = qkv_rows_by_rank(attn.qkv.in_features, tp_mesh.size())
+        with torch.no_grad():                                # rank r's rows: [q, k, v] of its heads (checkpoints too)
             attn.qkv.weight.copy_(attn.qkv.weight[order])
             attn.qkv.bias.copy_(attn.qkv.bias[order])
         attn.head_dim = attn.qkv.in_features // attn.heads
