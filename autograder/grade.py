@@ -129,8 +129,8 @@ def _code_hash() -> str:
 
     h = hashlib.sha256(f"nbgrader {nbgrader.__version__}\0".encode())
     for folder in (REPO / "autograder", REPO / "coursekit"):
-        for p in sorted(folder.glob("*.py")):
-            h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+        for p in sorted(folder.rglob("*.py")):           # packages too (coursekit/testing/, coursekit/faults/)
+            h.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 c = get_config()  # noqa: F821  (provided by traitlets when nbgrader loads this file)
 
+# the root this config file sits in (not coursekit.paths.REPO: a copy of the course's root is its own course)
 REPO = Path(__file__).resolve().parent.parent
 
 c.CourseDirectory.root = str(REPO)

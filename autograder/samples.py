@@ -11,9 +11,7 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.paths import SOLUTIONS
-
-REPO = SOLUTIONS.parent
+from autograder.paths import REPO, SOLUTIONS
 
 
 def solution_answers(module: str) -> dict[str, str]:
