@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from coursekit.paths import REPO  # noqa: F401  (the tests' one root: ``from helpers import REPO``)
 from coursekit.proctree import kill_tree
-
-REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 

@@ -17,13 +17,15 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
+from helpers import REPO
 import torch
 
 from autograder.release import strip_script
 from coursekit.distributed import free_port
 from coursekit.models import build_resnet18
 
-MODULE_DIR = Path(__file__).resolve().parent.parent / "solutions" / "01_ddp_pytorch"
+MODULE_DIR = REPO / "solutions" / "01_ddp_pytorch"
 TRAIN = MODULE_DIR / "train_ddp.py"
 EXERCISES = MODULE_DIR / "ddp_exercises.py"
 NOTEBOOK = MODULE_DIR / "01_ddp_pytorch.ipynb"
