@@ -20,9 +20,7 @@ from coursekit.paths import REPO
 # Python files that may reach into Ray's private modules without coursekit.ray_internals: none but the module
 # itself. A use found in a notebook is listed here until the notebook's author moves it (tests may not edit
 # notebooks), with what it uses.
-KNOWN_NOTEBOOK_USES = {
-    "solutions/03_ray_data/03_ray_data.ipynb": {"ray._private.worker", "ray.experimental.internal_kv"},
-}
+KNOWN_NOTEBOOK_USES: dict[str, set[str]] = {}      # notebook -> private Ray it may import (none now)
 FOLDERS = ("coursekit", "autograder", "deploy", "bench", "solutions", "tests")
 
 
