@@ -383,8 +383,10 @@ def run_limited(cmd: list[str] | None, cwd: Path, env: dict, timeout: float, mem
                 time.sleep(0.2)
             # anything the worker left behind (a kernel that outlived it) goes too
             kill_tree(proc.pid, known=seen)
+        extra = {}
         if group is not None:
-            peak = max(peak, group.peak())
+            extra["cgroup_peak"] = group.peak()     # what the kernel charged the job (the RSS sum counts shared pages)
+            peak = max(peak, extra["cgroup_peak"])
             if not killed and group.oom_kills():
                 killed = "memory"
     finally:
@@ -393,4 +395,4 @@ def run_limited(cmd: list[str] | None, cwd: Path, env: dict, timeout: float, mem
         if group is not None:
             group.remove()
     return Outcome(proc.returncode, time.perf_counter() - start, killed, peak,
-                   log.read_text(errors="replace")[-20000:])
+                   log.read_text(errors="replace")[-20000:], extra)
