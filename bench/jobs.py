@@ -8,13 +8,12 @@ Ray stops when the process exits. The harness (``bench.__main__``) runs them and
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from coursekit.paths import REPO  # the one repository root
 
 
 # -- 2 and 3: Ray Train's fixed cost, and its DDP throughput ------------------------------------------
@@ -123,7 +122,7 @@ def ray_train(short: bool) -> dict:
     time.sleep(1.0)
 
     fits = []
-    for i in range(1 if short else 3):
+    for _ in range(1 if short else 3):
         folder = Path(tempfile.mkdtemp(prefix="bench-fit-"))
         t_call, t_return, result = _fit(trivial_train_func, {"stamps": str(folder)}, "fit-cost")
         m = _stamps(folder)

@@ -8,7 +8,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from coursekit.paths import REPO  # the one repository root
 
 
 def figure(name: str, value, unit: str, target: float | None = None, op: str = "<=",

@@ -1,7 +1,6 @@
 """The course data: MNIST when present, scikit-learn's digits offline."""
 import os
 import subprocess
-import sys
 
 import numpy as np
 import torch

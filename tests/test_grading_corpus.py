@@ -106,7 +106,7 @@ def test_merge_copies_every_field_of_a_jobs_gradebook(tmp_path, monkeypatch):
             gb.add_solution_cell("s1", "m1", "m1")
             gb.add_student("ada")
     with Gradebook(f"sqlite:///{job / 'root' / 'gradebook.db'}") as gb:
-        sub = gb.add_submission("m1", "ada", timestamp="2026-01-02 03:04:05")
+        gb.add_submission("m1", "ada", timestamp="2026-01-02 03:04:05")
         nb = gb.find_submission_notebook("m1", "m1", "ada")
         nb.flagged, nb.late_submission_penalty = True, 0.5
         g = gb.find_grade("t1", "m1", "m1", "ada")
