@@ -64,6 +64,18 @@ SYMBOLS: dict[str, str] = {
     # what `ray up` checks a cluster config with (deploy/up.py)
     "prepare_config": "ray.autoscaler._private.util:prepare_config",
     "validate_config": "ray.autoscaler._private.util:validate_config",
+    # Ray Train's names for the settings coursekit.raysetup hands it through the environment (ENV_SETTINGS)
+    "train_constants": "ray.train.v2._internal.constants",
+}
+
+# Environment variables coursekit.raysetup sets for Ray Train (its RAY_ENV), each with the attribute of
+# train_constants that holds its name. Ray reads a variable it no longer knows as unset, silently; the test checks
+# that each is still Ray Train's name, and that fit() still hands it on to its controller and workers.
+ENV_SETTINGS: dict[str, str] = {
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "HEALTH_CHECK_INTERVAL_S_ENV_VAR",
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "ENABLE_PREEMPTION_WATCHER_ENV_VAR",
+    "RAY_TRAIN_ENABLE_PRINT_PATCH": "ENABLE_PRINT_PATCH_ENV_VAR",
+    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "WORKER_GROUP_START_TIMEOUT_S_ENV_VAR",
 }
 
 # (name in SYMBOLS, dotted attribute, who uses it): private members the course overrides, calls or sets. A subclass that

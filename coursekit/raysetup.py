@@ -50,7 +50,11 @@ _KEEP = re.compile(r"Traceback|Error|error|fail|Fail|Exception|retry|Retry|resta
 # polling, which matters on a 2-core machine.
 RAY_ENV = {
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
-    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+    # How often Ray Train's controller polls its workers (default 2 s): a fit() ends at the first poll
+    # after the train function has returned, so every fit() waits for up to two intervals after its last
+    # report. A poll is one small actor call per worker; a worker that answers late is polled again, and
+    # is declared dead only after RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S (10 min), whatever the interval.
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
     "RAY_DEDUP_LOGS": "0",
     "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
     # Ray Train gives a new worker group 60 s to get its resources. On 2 busy cores (two Tune
@@ -60,17 +64,16 @@ RAY_ENV = {
 }
 
 
-# A small machine (Binder's 2 GiB, CI) starts no Python workers ahead of need: by default Ray
-# starts one idle worker process per CPU when it starts (about 100 MiB each) and again for the
-# first driver, whether or not anything runs on them.
-LEAN_SYSTEM_CONFIG = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
-
 # Every Ray Train fit() starts 6 new Python processes (controller, placement-group cleaner, dataset
-# manager, synchronization actor, 2 workers; the first fit of a session a 7th, the autoscaling coordinator;
-# actors never reuse the idle prestarted ones when the job has a runtime_env), and the raylet starts at most
-# num_cpus of them at once: on a small machine the workers' processes wait behind the helpers'. Letting them
-# start together costs no idle memory.
-START_SYSTEM_CONFIG = {"worker_maximum_startup_concurrency": 8}
+# manager, synchronization actor, 2 workers; the first fit of a session a 7th, the autoscaling coordinator),
+# and the raylet starts at most num_cpus of them at once: on a small machine the workers' processes wait
+# behind the helpers'. Letting them start together costs no idle memory.
+# By default Ray also starts one idle worker process per CPU when it starts (about 100 MiB each), and again
+# for the first driver. Only work with no runtime_env at all may run in them, and the course's job always has
+# one (the env_vars below; Ray Train gives its controller and workers their own as well), so no task or actor
+# of the course ever used them: they only took memory, and CPU while the first fit() started.
+START_SYSTEM_CONFIG = {"worker_maximum_startup_concurrency": 8,
+                       "enable_worker_prestart": False, "prestart_worker_first_driver": False}
 
 
 # The name under which Ray's driver prints its workers' log lines (a handler of its stdstream dispatcher).
@@ -188,7 +191,7 @@ def init_ray(runtime: Runtime | None = None, quiet: bool | None = None, dashboar
         kwargs.update(address=rt.ray_address)
     else:
         kwargs.update(num_cpus=rt.num_cpus, num_gpus=rt.num_gpus, include_dashboard=dashboard,
-                      _system_config={**START_SYSTEM_CONFIG, **(LEAN_SYSTEM_CONFIG if rt.lean else {})})
+                      _system_config=dict(START_SYSTEM_CONFIG))
         if rt.lean:
             kwargs.update(object_store_memory=256 * 2**20)
     kwargs["runtime_env"] = runtime_env

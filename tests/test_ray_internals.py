@@ -30,6 +30,16 @@ def test_every_private_piece_of_ray_the_course_uses_is_there():
                       "names who uses each):\n" + "\n".join(gone))
 
 
+def test_every_ray_train_setting_the_course_sets_is_still_read_and_handed_on():
+    from coursekit.raysetup import RAY_ENV
+
+    constants = ray_internals.train_constants
+    assert {k for k in RAY_ENV if k.startswith("RAY_TRAIN_")} == set(ray_internals.ENV_SETTINGS)
+    for env_var, attribute in ray_internals.ENV_SETTINGS.items():
+        assert getattr(constants, attribute) == env_var, f"Ray Train no longer reads {env_var}"
+        assert env_var in constants.ENV_VARS_TO_PROPAGATE, f"fit() no longer hands {env_var} to its controller"
+
+
 def test_what_moved_is_named_with_who_uses_it(monkeypatch):
     monkeypatch.setitem(ray_internals.SYMBOLS, "Gone", "ray.train.v2._internal.nowhere:Gone")
     monkeypatch.setattr(ray_internals, "MEMBERS", [("StorageContext", "_renamed_in_a_later_ray", "used by X")])

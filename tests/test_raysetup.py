@@ -20,6 +20,31 @@ def test_noise_filter_keeps_the_students_output_and_errors(actor, line, noise):
     assert _is_noise(actor, line) is noise
 
 
+def test_a_local_ray_prestarts_nothing_and_ray_train_polls_its_workers_often(monkeypatch):
+    """What init_ray hands Ray for a fit's fixed cost: no idle prestarted processes (nothing of the course's
+    can use them: its job has a runtime_env), and a controller that polls every 0.1 s (a fit ends at the
+    first poll after the train function returns), set in the driver's environment, which Ray Train's fit()
+    passes on to its controller and workers."""
+    import os
+
+    import ray
+
+    from coursekit import raysetup
+    from coursekit.runtime import detect
+
+    env = {k: v for k, v in os.environ.items() if k not in raysetup.RAY_ENV and k != "RAY_ADDRESS"}
+    monkeypatch.setattr(os, "environ", env)
+    seen = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs) or "context")
+    assert raysetup.init_ray(detect(), quiet=False) == "context"
+    assert seen["_system_config"]["enable_worker_prestart"] is False
+    assert seen["_system_config"]["prestart_worker_first_driver"] is False
+    assert seen["_system_config"]["worker_maximum_startup_concurrency"] >= 6   # a fit's processes start together
+    assert env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.1"
+    assert seen["runtime_env"]["env_vars"]["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.1"
+
+
 @pytest.mark.slow
 def test_local_ray_reaches_coursekit_on_workers_and_prints_only_user_output(tmp_path):
     script = tmp_path / "probe.py"
