@@ -49,17 +49,24 @@ RAY_TRAIN_MIN_GIB = 4
 # --smoke-test use; "cpu" is a student without a GPU (a laptop, Binder), and the size the test suite runs
 # every notebook at (on 2 cores it costs about what "smoke" does: most of a notebook is starting processes);
 # "gpu" is the real thing on a GPU cluster.
-SIZES: dict[str, dict[str, int]] = {
+SIZES: dict[str, dict[str, int | str]] = {
     "smoke": dict(train_samples=1024, test_samples=256, epochs=2, global_batch_size=64,
-                  vit_depth=2, vit_width=64, vit_heads=4, vit_patch=7, tune_trials=2),
+                  vit_depth=2, vit_width=64, vit_heads=4, vit_patch=7, tune_trials=2, multinode_model="resnet18"),
     "cpu": dict(train_samples=1536, test_samples=256, epochs=3, global_batch_size=64,
-                vit_depth=3, vit_width=96, vit_heads=4, vit_patch=7, tune_trials=4),
+                vit_depth=3, vit_width=96, vit_heads=4, vit_patch=7, tune_trials=4, multinode_model="resnet18"),
     "gpu": dict(train_samples=60000, test_samples=10000, epochs=5, global_batch_size=512,
                 # ViT-Large-like (about 300M parameters): module 05 shards it with FSDP2
                 vit_depth=24, vit_width=1024, vit_heads=16, vit_patch=4,
                 # Ray Tune trials in module 04's search (each one a Ray Train run)
-                tune_trials=8),
+                tune_trials=8,
+                # the model of module 01's two-node torchrun (train_ddp.py --model)
+                multinode_model="resnet18"),
 }
+# What a CPU machine of Binder's size (the platform, or below RAY_TRAIN_MIN_GIB of memory) changes in any profile.
+# Module 01's two-node torchrun runs 2 agents and 2 ranks beside the kernel, each importing torch; with ResNet18
+# and Adam (about 250 MiB of model state per rank, and torchvision) it held 86% of the notebook's memory limit.
+# The small CNN of module 01's exercises leaves a student room for cells of their own (tests/test_notebooks.py).
+SMALL_MACHINE_SIZES: dict[str, int | str] = dict(multinode_model="small_cnn")
 
 
 def _truthy(value: str | None) -> bool:
@@ -212,8 +219,10 @@ class Runtime:
         return "nccl" if self.use_gpu else "gloo"
 
     @property
-    def sizes(self) -> dict[str, int]:
-        return dict(SIZES[self.size])
+    def sizes(self) -> dict[str, int | str]:
+        """The size profile's values; on a CPU machine of Binder's size, with SMALL_MACHINE_SIZES's changes."""
+        small = not self.use_gpu and (self.platform == "binder" or self.memory_gib < RAY_TRAIN_MIN_GIB)
+        return {**SIZES[self.size], **(SMALL_MACHINE_SIZES if small else {})}
 
     @property
     def default_workers(self) -> int:

@@ -5,14 +5,20 @@ shows learning, twice:
   (a memory cgroup): an OOM kill or a stall fails;
 - as on a laptop (a local Ray, Ray Train worker groups, Tune), for the notebooks that run Ray Train.
 
-The peak memory (whole process tree: kernel, ranks, Ray's processes; PSS) and, on Binder, the cgroup's own peak are
-written to build/notebook-runs/<module>[-laptop].json."""
+The peak memory (whole process tree: kernel, ranks, Ray's processes; PSS) and, on Binder, the cgroup's own peak and
+the peak of its anonymous + shared memory (what the limit cannot reclaim), as a share of the limit with what held it,
+are written to build/notebook-runs/<module>[-laptop].json. On Binder that share must stay at most HEADROOM_PERCENT:
+a student who adds a cell of their own must not be OOM-killed."""
+import contextlib
 import json
+import threading
 
+import psutil
 import pytest
 
 from autograder.contain import memory_cgroup
 from coursekit.notebooks import execute, find_notebooks
+from coursekit.proctree import process_kind
 from helpers import REPO
 
 NOTEBOOKS = find_notebooks(REPO / "solutions")
@@ -35,6 +41,79 @@ TORCH_PROCESSES = {
 }
 # A notebook that stalls (a frozen kernel at the memory limit) fails at this, instead of hanging the suite.
 STALL_S = 600
+# The most a notebook may hold in Binder mode, in anonymous + shared memory at its peak, as a share of its limit: the
+# rest is a student's own cells' (page cache does not count: the kernel reclaims it at the limit).
+HEADROOM_PERCENT = 80
+
+
+def _smaps_rollup(pid: str) -> int:
+    """Bytes of anonymous + shared memory (tmpfs, /dev/shm) that process ``pid`` holds, shared pages divided among
+    the processes that map them (PSS); 0 when it is gone."""
+    try:
+        lines = open(f"/proc/{pid}/smaps_rollup").read().splitlines()
+    except OSError:
+        return 0
+    kib = {line.split(":")[0]: int(line.split()[1]) for line in lines[1:] if line.count(" kB")}
+    return 1024 * (kib.get("Pss_Anon", 0) + kib.get("Pss_Shmem", 0))
+
+
+class ResidentPeak:
+    """Sample a memory cgroup's anonymous + shared memory (``memory.stat``: ``anon`` + ``shmem``, on cgroup v1
+    ``total_rss`` + ``total_shmem``) every ``interval_s`` in a thread; keep the peak and, at it, what each kind of
+    process in the group held (``{kind: [bytes, processes]}``, PSS of its anonymous and shared pages).
+
+    This is what the limit cannot take back: the cgroup's own peak (``memory.peak``) also counts page cache, which
+    the kernel reclaims when the group reaches its limit."""
+
+    def __init__(self, group, interval_s: float = 0.2):
+        self.group, self.interval_s = group, interval_s
+        self.peak, self.peak_by_kind = 0, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="ResidentPeak")
+
+    def resident(self) -> int:
+        try:
+            stat = dict(line.split() for line in (self.group.path / "memory.stat").read_text().splitlines())
+        except (OSError, ValueError):
+            return 0
+        keys = ("total_rss", "total_shmem") if self.group.version == 1 else ("anon", "shmem")
+        return sum(int(stat.get(k, 0)) for k in keys)
+
+    def held_by(self) -> dict:
+        by_kind: dict = {}
+        try:
+            pids = (self.group.path / "cgroup.procs").read_text().split()
+        except OSError:
+            return by_kind
+        for pid in pids:
+            try:
+                kind = process_kind(psutil.Process(int(pid)))
+            except psutil.Error:
+                continue
+            entry = by_kind.setdefault(kind, [0, 0])
+            entry[0] += _smaps_rollup(pid)
+            entry[1] += 1
+        return by_kind
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = self.resident()
+            if now > self.peak:
+                self.peak, self.peak_by_kind = now, self.held_by()
+            self._stop.wait(self.interval_s)
+
+    def mib_by_kind(self) -> dict:
+        """What held the peak, in MiB per kind of process (``kind xN`` for N processes), largest first."""
+        return {(k if n == 1 else f"{k} x{n}"): round(b / 2**20)
+                for k, (b, n) in sorted(self.peak_by_kind.items(), key=lambda kv: -kv[1][0])}
+
+    def __enter__(self) -> "ResidentPeak":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def check_learning(result: dict) -> None:
@@ -71,8 +150,9 @@ def test_notebook_runs_and_learns_within_binders_memory(notebook, tmp_path):
     limit_mib = BINDER_MIB + CUDA_BUILD_EXTRA_MIB * TORCH_PROCESSES[module]
     group = memory_cgroup(limit_mib * 2**20)
     try:
-        result = execute(notebook, tmp_path / notebook.name, env=env, timeout_s=STALL_S,
-                         wrap=group.enter_argv if group else None)
+        with ResidentPeak(group) if group else contextlib.nullcontext() as resident:
+            result = execute(notebook, tmp_path / notebook.name, env=env, timeout_s=STALL_S,
+                             wrap=group.enter_argv if group else None)
         oom_kills, cgroup_peak = (group.oom_kills(), group.peak()) if group else (None, None)
     finally:
         if group:
@@ -81,13 +161,28 @@ def test_notebook_runs_and_learns_within_binders_memory(notebook, tmp_path):
     figures.update(memory_limit_mib=limit_mib if group else None, torch_processes=TORCH_PROCESSES[module],
                    cgroup_peak_mib=round(cgroup_peak / 2**20) if group else None, oom_kills=oom_kills,
                    peak_pss_less_cuda_extra_mib=result["peak_pss_mib"] - CUDA_BUILD_EXTRA_MIB * TORCH_PROCESSES[module])
+    if group:
+        resident_mib = round(resident.peak / 2**20)
+        figures.update(peak_anon_shmem_mib=resident_mib,
+                       peak_anon_shmem_percent_of_limit=round(100 * resident_mib / limit_mib, 1),
+                       peak_anon_shmem_by_process_mib=resident.mib_by_kind())
     save(module, figures)
     print(f"{notebook.name}: {result['wall_s']} s, peak {result['peak_pss_mib']} MiB PSS: "
           f"{result['peak_by_process_mib']}; limit {limit_mib} MiB, cgroup peak {figures['cgroup_peak_mib']} MiB")
+    if group:
+        print(f"{notebook.name}: peak anonymous + shared memory {resident_mib} MiB, "
+              f"{figures['peak_anon_shmem_percent_of_limit']}% of the limit (at most {HEADROOM_PERCENT}%): "
+              f"{figures['peak_anon_shmem_by_process_mib']}")
     assert not oom_kills, (f"{module} was OOM-killed {oom_kills} time(s) at Binder's limit ({limit_mib} MiB); at "
                            f"the peak: {result['peak_by_process_mib']}\n{result['log_tail']}")
     assert result["returncode"] != -9, f"{module} stalled: not finished in {STALL_S} s\n{result['log_tail']}"
     check_learning(result)
+    if group:
+        assert figures["peak_anon_shmem_percent_of_limit"] <= HEADROOM_PERCENT, (
+            f"{module} peaked at {resident_mib} MiB of anonymous + shared memory in Binder mode, "
+            f"{figures['peak_anon_shmem_percent_of_limit']}% of its limit ({limit_mib} MiB; at most "
+            f"{HEADROOM_PERCENT}%, the rest is a student's own cells'); held at the peak by (MiB): "
+            f"{figures['peak_anon_shmem_by_process_mib']}")
     if group is None:
         pytest.skip("no memory cgroup can be made on this machine: the notebook ran and learned, but Binder's "
                     "memory limit was not enforced")

@@ -118,6 +118,22 @@ def test_detect_sizes_itself_by_the_containers_limits_not_the_hosts(monkeypatch)
     assert runtime.detect({}).memory_gib > 2.0
 
 
+def test_a_machine_of_binders_size_runs_module_01s_two_nodes_on_the_small_cnn(monkeypatch):
+    """Binder's 2 GiB holds the kernel, 2 torchrun agents and 2 ranks only with the small CNN (tests/test_notebooks.py
+    measures the headroom); every other size of the profile stays the laptop's."""
+    import coursekit.runtime as runtime
+
+    binder = detect({"COURSE_PLATFORM": "binder"})
+    assert binder.sizes["multinode_model"] == "small_cnn"
+    assert {k: v for k, v in binder.sizes.items() if k != "multinode_model"} == {
+        k: v for k, v in SIZES["cpu"].items() if k != "multinode_model"}
+    assert detect({"COURSE_PLATFORM": "local"}).sizes["multinode_model"] == "resnet18"
+    monkeypatch.setattr(runtime, "cgroup_limits", lambda: (None, 3 * 2**30))   # a laptop of 3 GiB
+    assert runtime.detect({"COURSE_PLATFORM": "local"}).sizes["multinode_model"] == "small_cnn"
+    monkeypatch.setattr(runtime, "_count_gpus", lambda: 2)                     # a GPU per rank: the real model
+    assert runtime.detect({"COURSE_PLATFORM": "binder"}).sizes["multinode_model"] == "resnet18"
+
+
 def test_worker_defaults_follow_the_workers_resources_not_the_driver():
     from coursekit.scaling import WorkerResources
 

@@ -39,8 +39,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import coursekit
 from coursekit.data import load_digits
-from coursekit.models import accuracy, build_resnet18
+from coursekit.models import accuracy, build_resnet18, build_small_cnn
 from coursekit.runtime import SIZES
+
+# --model: the workshop's ResNet18, or the notebook's small CNN (what the two-node run trains on a machine of
+# Binder's size: two torchrun agents and two ranks beside the notebook's kernel, in 2 GiB)
+MODELS = {"resnet18": build_resnet18, "small_cnn": build_small_cnn}
 
 
 def parse_args(rt: coursekit.Runtime, argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,6 +55,8 @@ def parse_args(rt: coursekit.Runtime, argv: list[str] | None = None) -> argparse
                    help="examples per optimizer step summed over ALL workers "
                         f"(default: {rt.sizes['global_batch_size']}); each worker gets global // world_size")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default: 1e-3)")
+    p.add_argument("--model", choices=sorted(MODELS), default="resnet18",
+                   help="resnet18 (default), or the small CNN of the notebook's exercises (less memory per rank)")
     p.add_argument("--train-samples", type=int, default=None,
                    help=f"training examples to use (default: {rt.sizes['train_samples']})")
     p.add_argument("--test-samples", type=int, default=None,
@@ -152,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # 5. Model: the same init on every rank (DDP also broadcasts rank 0's weights at wrap time).
     torch.manual_seed(0)
-    model = build_resnet18().to(device)
+    model = MODELS[args.model]().to(device)
     model = DDP(model, device_ids=[local_rank] if rt.use_gpu else None)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
 
@@ -179,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
 
         # 6. Exercise 3: the checkpoint from global rank 0 only (the replicas are identical, and N
         #    processes writing one file would corrupt it), the unwrapped model's state so that a plain
-        #    ResNet18 loads it; every rank waits until it is on disk.
+        #    model (no DDP) loads it; every rank waits until it is on disk.
         ex.save_checkpoint(model, optimizer, epoch, ckpt_path)
 
     # 7. Evaluate on rank 0 (every replica holds the same weights).
@@ -193,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
             out.write_text(json.dumps({
                 "losses": losses, "test_accuracy": acc, "world_size": world_size,
                 "global_batch_size": args.global_batch_size, "per_worker_batch_size": batch_size,
-                "epochs": args.epochs, "train_samples": len(train), "test_samples": len(test),
+                "epochs": args.epochs, "model": args.model, "train_samples": len(train), "test_samples": len(test),
                 "data_source": train.source,
                 "backend": rt.backend, "train_seconds": round(time.perf_counter() - start, 2),
                 "checkpoint": str(ckpt_path)}, indent=1))
