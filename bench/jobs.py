@@ -71,12 +71,48 @@ def _fit(train_func, config: dict, name: str):
 
     trainer = TorchTrainer(train_func, train_loop_config=config,
                            scaling_config=ray.train.ScalingConfig(num_workers=2, use_gpu=False),
-                           run_config=ray.train.RunConfig(storage_path=storage_path(),
-                                                          name=f"bench-{name}-{time.strftime('%Y%m%d-%H%M%S')}"))
+                           run_config=ray.train.RunConfig(storage_path=storage_path(), name=_run_name(name)))
     t0 = time.time()
     result = trainer.fit()
     t1 = time.time()
     return t0, t1, result
+
+
+def _run_name(name: str) -> str:
+    return f"bench-{name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**6:06d}"
+
+
+# What Ray Train's controller logs (DEBUG and INFO, JSON lines in the session's logs/train folder) at each
+# step of starting a worker group: the first line that starts with each text, and its step's name.
+CONTROLLER_STEPS = {"t_controller_ready": "Attempting to start training worker group",
+                    "t_worker_actors_ready": "[Worker Group Initialization] 2 worker actors created",
+                    "t_train_context_ready": "[Worker Group Initialization] Train context initialized",
+                    "t_train_func_launched": "[Worker Group Initialization] Train function launched",
+                    "t_shutdown": "Shutting down"}
+
+
+def _controller_log_times(run_name: str, since: float) -> dict:
+    """When the controller of run ``run_name`` logged each of CONTROLLER_STEPS (wall-clock seconds); {} if its
+    log is not found. Every Ray session on the machine is searched: other programs' Rays start sessions too,
+    so the newest session need not be ours."""
+    import glob
+    import os
+
+    root = os.environ.get("RAY_TMPDIR", "/tmp/ray")
+    out: dict = {}
+    for path in glob.glob(f"{root}/session_*/logs/train/ray-train-sys-controller-*.log"):
+        try:
+            if os.path.getmtime(path) < since:
+                continue
+            with open(path) as f:
+                records = [json.loads(line) for line in f if run_name in line]
+        except (OSError, ValueError):
+            continue
+        for r in records:
+            for key, text in CONTROLLER_STEPS.items():
+                if key not in out and r.get("run_name") == run_name and r.get("message", "").startswith(text):
+                    out[key] = r["timestamp_ns"] / 1e9
+    return out
 
 
 def ray_train(short: bool) -> dict:
@@ -127,7 +163,24 @@ def ray_train(short: bool) -> dict:
         t_call, t_return, result = _fit(trivial_train_func, {"stamps": str(folder)}, "fit-cost")
         m = _stamps(folder)
         controller = m.get("t_controller_process_created")
+        logged = _controller_log_times(Path(result.path).name, t_call)
+
+        def between(a, b):
+            return None if a is None or b is None else b - a
+
         fits.append({"fit_s": t_return - t_call,
+                     # the finer split: the controller's own log lines between the stamps
+                     "controller_process_to_ready_s": between(controller, logged.get("t_controller_ready")),
+                     "controller_ready_to_worker_process_created_s": between(logged.get("t_controller_ready"),
+                                                                             m["t_worker_process_created"]),
+                     "worker_process_to_actor_ready_s": between(m["t_worker_process_created"],
+                                                                logged.get("t_worker_actors_ready")),
+                     "actor_ready_to_train_context_s": between(logged.get("t_worker_actors_ready"),
+                                                               logged.get("t_train_context_ready")),
+                     "train_context_to_train_func_s": between(logged.get("t_train_context_ready"),
+                                                              m["t_train_func_start"]),
+                     "report_to_shutdown_s": between(m["t_report"], logged.get("t_shutdown")),
+                     "shutdown_to_fit_return_s": between(logged.get("t_shutdown"), t_return),
                      "until_controller_process_created_s": None if controller is None else controller - t_call,
                      "controller_to_worker_process_created_s": None if controller is None else
                      m["t_worker_process_created"] - controller,

@@ -117,6 +117,21 @@ def _cell(x) -> str:
     return str(x)
 
 
+def _measured_apart(section: dict, header: dict) -> list[str]:
+    """For a section measured by ``--only`` after the run in the header: when, where, and what it replaced."""
+    here = section.get("measured")
+    if not here or here.get("date") == header.get("date"):
+        return []
+    out = ["", f"Measured apart from the run above: `{here.get('command', 'python -m bench --only ...')}` on "
+           f"{here['date']}, commit `{here.get('git_commit', '?')}`, load average at start "
+           f"{here.get('load_average_at_start', '?')}."]
+    before = section.get("previous")
+    if before:
+        figures = "; ".join(f"{f['name']} {_cell(f['value'])} {f['unit']}" for f in before["figures"])
+        out.append(f"It replaces the figures measured on {before['measured'].get('date', '?')}: {figures}.")
+    return out
+
+
 def markdown(results: dict) -> str:
     m = results["machine"]
     lines = ["# Performance harness results", "",
@@ -142,6 +157,7 @@ def markdown(results: dict) -> str:
     for key, section in results["sections"].items():
         lines += ["", f"## {TITLES.get(key, key)}", ""]
         lines.append(f"Took {section.get('seconds', 0):.0f} s.")
+        lines += _measured_apart(section, m)
         if section.get("how"):
             lines += ["", section["how"]]
         if section.get("table"):
