@@ -137,11 +137,13 @@ def test_lean_start_caps_the_store_starts_no_idle_workers_and_keeps_a_callers_sy
     assert seen["_system_config"] == {"enable_worker_prestart": False, "prestart_worker_first_driver": False,
                                       "worker_maximum_startup_concurrency": 8,
                                       "idle_worker_killing_time_threshold_ms": 600_000}
-    # a big local machine keeps Ray's defaults, apart from starting a fit's processes together
+    # a big local machine keeps Ray's object store; it starts a fit's processes together, and no idle ones either
+    # (the course's job has a runtime_env: nothing of it could run in them)
     seen.clear()
     big = dataclasses.replace(detect({"COURSE_PLATFORM": "local"}), memory_gib=64.0)
     raysetup.init_ray(big)
-    assert seen["_system_config"] == {"worker_maximum_startup_concurrency": 8} and "object_store_memory" not in seen
+    assert seen["_system_config"] == {"worker_maximum_startup_concurrency": 8, "enable_worker_prestart": False,
+                                      "prestart_worker_first_driver": False} and "object_store_memory" not in seen
 
 
 def test_a_fits_processes_start_together_and_a_caller_can_override_it(monkeypatch):
@@ -158,7 +160,7 @@ def test_a_fits_processes_start_together_and_a_caller_can_override_it(monkeypatc
     monkeypatch.setattr(raysetup, "_install_log_filter", lambda: True)
     local = dataclasses.replace(detect({"COURSE_PLATFORM": "local"}), memory_gib=64.0)
     raysetup.init_ray(local, _system_config={"worker_maximum_startup_concurrency": 3})
-    assert seen["_system_config"] == {"worker_maximum_startup_concurrency": 3}
+    assert seen["_system_config"] == {**raysetup.START_SYSTEM_CONFIG, "worker_maximum_startup_concurrency": 3}
     seen.clear()
     raysetup.init_ray(dataclasses.replace(local, ray_address="ray://head:10001"))
     assert "_system_config" not in seen and seen["address"] == "ray://head:10001"
