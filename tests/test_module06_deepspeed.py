@@ -165,7 +165,7 @@ def test_zero3_checkpoint_files_hold_only_partitions(tmp_path):
 
 # --- ZeRO-3 construction under deepspeed.zero.Init (module 06, section 8; issue 29) ----------------------------------
 
-MID = dict(depth=4, width=256, heads=4, patch=7)   # 3.2M parameters (12.7 MB); its largest layer is 8% of it
+MID = dict(depth=4, width=512, heads=4, patch=7)   # 12.7M parameters (50.6 MB); its largest layer is 8% of it
 ZERO3 = {"train_micro_batch_size_per_gpu": MICRO, "steps_per_print": 10**9, "zero_force_ds_cpu_optimizer": False,
          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
 
@@ -212,12 +212,15 @@ def _construct_then_save(rank, world_size, root):
         _build(how, SHAPE)
     peaks, held = {}, {}
     for how in ("eager", "zero.Init"):
-        gc.collect()
-        with PeakMemory("cpu") as peak:
-            model = _build(how, MID)
-        peaks[how] = peak.bytes
-        held[how] = sum(getattr(p, "ds_tensor", p).numel() for p in model.parameters())
-        del model
+        tries = []
+        for _ in range(2):       # the lower of two tries: a page touched by another thread once is not construction
+            gc.collect()
+            with PeakMemory("cpu") as peak:
+                model = _build(how, MID)
+            tries.append(peak.bytes)
+            held[how] = sum(getattr(p, "ds_tensor", p).numel() for p in model.parameters())
+            del model
+        peaks[how] = min(tries)
     engine = _engine(_build("zero.Init", SHAPE))
     built = _gathered(engine)
     images, labels = _batch(0, 0, rank, world_size)
@@ -252,6 +255,8 @@ def test_zero_init_construction_never_holds_the_whole_model_and_its_checkpoint_r
         ranks = run_distributed(_construct_then_save, 2, str(tmp_path), timeout_s=300)
         whole = 4 * count_params(ViT(**MID))
         for rank, (peaks, held, *_) in enumerate(ranks):
+            print(f"rank {rank}: construction peak in multiples of the model's bytes",
+                  {how: round(b / whole, 3) for how, b in peaks.items()})
             # an eager build materialises every weight on every rank; zero.Init keeps its half plus one layer (0.58 x)
             assert peaks["eager"] > 0.9 * whole, (rank, peaks, whole)
             assert peaks["zero.Init"] < 0.75 * whole, (rank, peaks, whole)
