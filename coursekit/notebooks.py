@@ -37,8 +37,10 @@ def execute(notebook: Path, out: Path, parameters: dict | None = None, env: dict
     if cpu_only:
         run_env["CUDA_VISIBLE_DEVICES"] = ""
     run_env.update(env or {})
+    # --log-output: each cell's number and outputs go to the log as they come, so the tail of a failed or stalled
+    # run shows where it was
     cmd = [sys.executable, "-m", "papermill", str(notebook), str(out), "--cwd", str(notebook.parent),
-           "--no-progress-bar"]
+           "--no-progress-bar", "--log-output"]
     for key, value in (parameters or {}).items():
         cmd += ["-p", key, str(value)]
     if wrap is not None:
@@ -53,6 +55,8 @@ def execute(notebook: Path, out: Path, parameters: dict | None = None, env: dict
             except subprocess.TimeoutExpired:
                 kill_tree(proc.pid)
                 returncode = -9
+                with open(log, "a") as log_file:
+                    log_file.write(f"\n[coursekit] stopped after {timeout_s:.0f} s: {running_cell(out)}\n")
         peak, peak_by_kind = sampler.peak, sampler.peak_by_kind
     wall = time.perf_counter() - start
     record = json.loads(record_file.read_text()) if record_file.exists() else {}
@@ -62,6 +66,23 @@ def execute(notebook: Path, out: Path, parameters: dict | None = None, env: dict
             "peak_by_process_mib": {(k if n == 1 else f"{k} x{n}"): round(b / 2**20) for k, (b, n) in
                                     sorted(peak_by_kind.items(), key=lambda kv: -kv[1][0])},
             "log_tail": log.read_text()[-3000:] if returncode else ""}
+
+
+def running_cell(out: Path) -> str:
+    """Which cell papermill's output notebook ``out`` says was running (papermill saves it as each cell starts),
+    with when it started and the first line of its code."""
+    try:
+        import nbformat
+
+        cells = nbformat.read(str(out), as_version=4).cells
+    except Exception as e:  # no notebook written yet, or one cut off mid-write
+        return f"no cell found running ({type(e).__name__} reading {out.name})"
+    for index, cell in enumerate(cells):
+        meta = cell.get("metadata", {}).get("papermill", {})
+        if meta.get("status") == "running":
+            first = next((line for line in cell.source.splitlines() if line.strip()), "")
+            return f"cell {index + 1} (started {meta.get('start_time')}) was running: {first[:120]}"
+    return "no cell was running"
 
 
 def find_notebooks(folder: Path) -> list[Path]:

@@ -208,3 +208,22 @@ def test_notebook_runs_and_learns_on_a_laptop_with_ray(notebook, tmp_path):
         assert "tune_best_accuracy" in result["record"], "the Tune search ran"
         sizes = result["record"]["elastic_world_sizes"]       # the elastic run lost its worker node after epoch 1
         assert sizes[:2] == [2, 2] and set(sizes[2:]) == {1}, sizes
+
+
+def test_a_stalled_run_says_which_cell_was_running(tmp_path):
+    """papermill saves its output notebook as each cell starts: a run stopped at STALL_S names the cell it was in."""
+    import nbformat
+
+    from coursekit.notebooks import running_cell
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell(
+        "\n# the elastic run\ntrainer.fit()")])
+    nb.cells[0].metadata["papermill"] = {"status": "completed"}
+    nb.cells[1].metadata["papermill"] = {"status": "running", "start_time": "2026-11-27T07:00:00"}
+    nbformat.write(nb, tmp_path / "out.ipynb")
+    assert running_cell(tmp_path / "out.ipynb") == \
+        "cell 2 (started 2026-11-27T07:00:00) was running: # the elastic run"
+    nb.cells[1].metadata["papermill"]["status"] = "completed"
+    nbformat.write(nb, tmp_path / "out.ipynb")
+    assert running_cell(tmp_path / "out.ipynb") == "no cell was running"
+    assert running_cell(tmp_path / "none.ipynb").startswith("no cell found running (FileNotFoundError")
