@@ -61,6 +61,11 @@ RAY_ENV = {
     # trials each starting a controller and a worker that import torch) that is not enough, and
     # a timed-out start could leave its placement group behind and starve the retry.
     "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "300",
+    # How long Ray Tune waits for a trial it stopped (ASHA's decision) to end before killing its actor (default
+    # 600 s; read by the driver's Tuner.fit). A stopped trial's fit() can block: its Train controller hands each
+    # report to the trial through a queue of one item that nobody reads any more. Its CPUs are free only when the
+    # trial's actor is gone, so the trials still waiting wait that long.
+    "TUNE_FORCE_TRIAL_CLEANUP_S": "30",
 }
 
 

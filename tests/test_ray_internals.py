@@ -38,6 +38,10 @@ def test_every_ray_train_setting_the_course_sets_is_still_read_and_handed_on():
     for env_var, attribute in ray_internals.ENV_SETTINGS.items():
         assert getattr(constants, attribute) == env_var, f"Ray Train no longer reads {env_var}"
         assert env_var in constants.ENV_VARS_TO_PROPAGATE, f"fit() no longer hands {env_var} to its controller"
+    from ray.tune.constants import TUNE_ENV_VARS
+
+    tune_settings = {k for k in RAY_ENV if k.startswith("TUNE_")}
+    assert tune_settings and tune_settings <= TUNE_ENV_VARS, f"Ray Tune no longer reads {tune_settings - TUNE_ENV_VARS}"
 
 
 def test_what_moved_is_named_with_who_uses_it(monkeypatch):
