@@ -623,18 +623,41 @@ def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bo
 def watch(submissions: Path, out: Path, every: float, **options) -> None:
     """Grade ``submissions`` again every ``every`` seconds until interrupted (Ctrl-C): each pass grades only what
     is new or changed since it was last graded (``cache.json``, which also makes a restarted watch pick up where
-    it stopped), and writes its feedback and ``grades.csv`` at once, so students can see a grade the same day."""
-    say = (lambda *a: None) if options.get("quiet") else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    it stopped), and writes its feedback and ``grades.csv`` at once, so students can see a grade the same day.
+
+    Ctrl-C (or SIGTERM) stops the watch after the pass under way, so no submission is left half graded; a second
+    Ctrl-C stops at once. The signal only sets a flag: Python drops a KeyboardInterrupt that lands in a clean-up
+    callback (SQLAlchemy's, while nbgrader's gradebook closes), and the watch would go on."""
+    import signal
+
+    quiet = options.get("quiet")
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    stopping: list[int] = []
+
+    def on_signal(signum, frame):
+        if stopping:
+            raise KeyboardInterrupt
+        stopping.append(signum)
+        if not quiet:   # os.write: print() inside a handler can interrupt another print on the same stream
+            os.write(sys.stderr.fileno(), b"stopping after this pass (Ctrl-C again stops now)\n")
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     say(f"watching {submissions} every {every:.0f} s (Ctrl-C stops)")
     try:
-        while True:
+        while not stopping:
             if Path(submissions).exists():
                 grade(submissions, out, **options)
             else:
                 say(f"{submissions} does not exist yet")
-            time.sleep(every)
+            next_pass = time.monotonic() + every
+            while not stopping and time.monotonic() < next_pass:
+                time.sleep(min(0.2, every))
     except KeyboardInterrupt:
-        say("stopped watching")
+        pass
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    say("stopped watching")
 
 
 def parser() -> argparse.ArgumentParser:

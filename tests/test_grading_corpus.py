@@ -262,5 +262,6 @@ def test_watch_grades_a_submission_as_it_arrives(tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and "stopped watching" in output, output[-2000:]
+    assert proc.returncode == 0 and "stopping after this pass" in output and "stopped watching" in output, \
+        output[-2000:]
     assert "not in session" not in output, "SQLAlchemy's session warnings reach the instructor's console"
