@@ -39,6 +39,11 @@ TORCH_PROCESSES = {
     "06_deepspeed": 1,
     "07_scaling_up": 4,        # the kernel; the torchrun launch: 1 agent and 2 ranks
 }
+# What the laptop run of a notebook leaves to its Binder run: 05's and 06's comparisons (RUN_COMPARISONS: memory
+# per rank, meta-device construction, HSDP, activation checkpointing, prefetching, TP, every ZeRO stage against
+# DDP) run forked gloo ranks, the same code on every platform, and their Binder run executes them all. The laptop
+# run covers what differs there: the exercises, and the Ray Train sections on real worker groups.
+LAPTOP_PARAMETERS = {"05_fsdp2": {"RUN_COMPARISONS": False}, "06_deepspeed": {"RUN_COMPARISONS": False}}
 # A notebook that stalls (a frozen kernel at the memory limit) fails at this, instead of hanging the suite.
 STALL_S = 600
 # The most a notebook should hold in Binder mode, in anonymous + shared memory at its peak, as a share of its limit: the
@@ -199,7 +204,8 @@ def test_notebook_runs_and_learns_on_a_laptop_with_ray(notebook, tmp_path):
     """The path of a laptop with memory to spare and of a cluster: a local Ray, Ray Train's worker groups, a 2-node
     cluster of its own losing a node under an elastic run, the driver that dies and the rerun, Tune's trials."""
     env = {"COURSE_SIZE": "cpu", "COURSE_PLATFORM": "local", "COURSE_LOCAL_MODE": "0"}
-    result = execute(notebook, tmp_path / notebook.name, env=env, timeout_s=STALL_S)
+    result = execute(notebook, tmp_path / notebook.name, env=env, timeout_s=STALL_S,
+                     parameters=LAPTOP_PARAMETERS.get(notebook.parent.name))
     save(f"{notebook.parent.name}-laptop", {k: v for k, v in result.items() if k != "log_tail"})
     print(f"{notebook.name}: {result['wall_s']} s, peak {result['peak_pss_mib']} MiB PSS: "
           f"{result['peak_by_process_mib']}")
