@@ -22,7 +22,7 @@ from autograder.paths import tool_env
 from autograder.release import REPO, SOLUTIONS, modules
 from autograder.samples import solution_answers, write_submission
 
-TIMEOUT = 100            # s per submission: a few times what a good module-01 notebook needs on a busy small machine
+TIMEOUT = 60             # s per submission: 3-5 times what a good module-01 notebook needs here (11-18 s, 2 at a time)
 ROSTER = ["absent"]      # on the roster, submitted nothing: a 'missing' row
 MEMORY = 4 * 2**30       # above a good module-01 grading's RSS summed over its tree (2 gloo ranks), below a runaway's
 
@@ -35,7 +35,7 @@ def corpus(tmp_path_factory):
         server.bind(("127.0.0.1", 0))
         server.listen()
         expected = build(subs, MODULE, out, port=server.getsockname()[1])
-        rows = grade(subs, out, only=[MODULE], quiet=True, jobs=2, timeout=TIMEOUT, memory=MEMORY, roster=ROSTER)
+        rows = grade(subs, out, only=[MODULE], quiet=True, jobs=3, timeout=TIMEOUT, memory=MEMORY, roster=ROSTER)
     return out, subs, expected, {r["student"]: r for r in rows}
 
 
