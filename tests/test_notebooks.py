@@ -12,6 +12,7 @@ a student who adds a cell of their own must not be OOM-killed."""
 import contextlib
 import json
 import threading
+import warnings
 
 import psutil
 import pytest
@@ -206,6 +207,16 @@ def test_notebook_runs_and_learns_on_a_laptop_with_ray(notebook, tmp_path):
     env = {"COURSE_SIZE": "cpu", "COURSE_PLATFORM": "local", "COURSE_LOCAL_MODE": "0"}
     result = execute(notebook, tmp_path / notebook.name, env=env, timeout_s=STALL_S,
                      parameters=LAPTOP_PARAMETERS.get(notebook.parent.name))
+    if result["returncode"] == -9:
+        # Stalled: once in CI (2026-11-27), module 04 did not finish in STALL_S where it takes about 190 s, and no
+        # run here has stalled since. Said aloud (the warnings summary, the saved figures) and run once more; a
+        # second stall fails. The log's tail names the cell that was running.
+        warnings.warn(f"{notebook.parent.name} stalled on a laptop run, running it again: "
+                      f"{result['log_tail'][-1500:]}", stacklevel=1)
+        stalled = result
+        result = execute(notebook, tmp_path / "again" / notebook.name, env=env, timeout_s=STALL_S,
+                         parameters=LAPTOP_PARAMETERS.get(notebook.parent.name))
+        result["stalled_first"] = {k: v for k, v in stalled.items() if k != "record"}
     save(f"{notebook.parent.name}-laptop", {k: v for k, v in result.items() if k != "log_tail"})
     print(f"{notebook.name}: {result['wall_s']} s, peak {result['peak_pss_mib']} MiB PSS: "
           f"{result['peak_by_process_mib']}")
