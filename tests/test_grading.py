@@ -102,9 +102,9 @@ def graded(tmp_path_factory):
             write_submission(subs, "right", module, {**reference, **right})
     write_submission(subs, "late", ms[0], solution_answers(ms[0]))          # only the first module
     out = tmp_path_factory.mktemp("grading")
-    # three submissions at a time on the 2-core test machines: a job waits on its kernel's start and its files part
-    # of the time (modules 01 and 04: 134 s with three, 149 s with two); a generous limit: the machine may be shared
-    rows = grade(subs, out, only=ms, quiet=True, jobs=3, timeout=600)
+    # two submissions at a time (the test machines have 2 cores: three took as long over all modules, 779 s against
+    # 775 s, with more memory); a generous limit: the machine may be shared
+    rows = grade(subs, out, only=ms, quiet=True, jobs=2, timeout=600)
     return out, {(r["student"], r["module"]): r for r in rows}
 
 
