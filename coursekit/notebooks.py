@@ -54,6 +54,7 @@ def execute(notebook: Path, out: Path, parameters: dict | None = None, env: dict
                 returncode = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 kill_tree(proc.pid)
+                proc.wait(timeout=60)
                 returncode = -9
                 with open(log, "a") as log_file:
                     log_file.write(f"\n[coursekit] stopped after {timeout_s:.0f} s: {running_cell(out)}\n")
