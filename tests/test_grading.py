@@ -102,8 +102,8 @@ def graded(tmp_path_factory):
             write_submission(subs, "right", module, {**reference, **right})
     write_submission(subs, "late", ms[0], solution_answers(ms[0]))          # only the first module
     out = tmp_path_factory.mktemp("grading")
-    # two submissions at a time (the test machines have 2 cores: three took as long over all modules, 779 s against
-    # 775 s, with more memory); a generous limit: the machine may be shared
+    # two submissions at a time (the test machines have 2 cores: three took as long over all modules, with more
+    # memory); a generous limit: the machine may be shared
     rows = grade(subs, out, only=ms, quiet=True, jobs=2, timeout=600)
     return out, {(r["student"], r["module"]): r for r in rows}
 

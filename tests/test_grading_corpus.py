@@ -22,7 +22,7 @@ from autograder.paths import tool_env
 from autograder.release import REPO, SOLUTIONS, modules
 from autograder.samples import solution_answers, write_submission
 
-TIMEOUT = 60             # s per submission: 3-5 times what a good module-01 notebook needs here (11-18 s, 2 at a time)
+TIMEOUT = 60             # s per submission: several times what a good module-01 notebook needs, 3 at a time
 ROSTER = ["absent"]      # on the roster, submitted nothing: a 'missing' row
 MEMORY = 4 * 2**30       # above a good module-01 grading's RSS summed over its tree (2 gloo ranks), below a runaway's
 

@@ -205,17 +205,17 @@ def test_notebook_runs_and_learns_on_a_laptop_with_ray(notebook, tmp_path):
     """The path of a laptop with memory to spare and of a cluster: a local Ray, Ray Train's worker groups, a 2-node
     cluster of its own losing a node under an elastic run, the driver that dies and the rerun, Tune's trials."""
     env = {"COURSE_SIZE": "cpu", "COURSE_PLATFORM": "local", "COURSE_LOCAL_MODE": "0"}
-    result = execute(notebook, tmp_path / notebook.name, env=env, timeout_s=STALL_S,
-                     parameters=LAPTOP_PARAMETERS.get(notebook.parent.name))
+    parameters = LAPTOP_PARAMETERS.get(notebook.parent.name)
+    result = execute(notebook, tmp_path / notebook.name, env=env, timeout_s=STALL_S, parameters=parameters)
     if result["returncode"] == -9:
-        # Stalled: once in CI (2026-11-27), module 04 did not finish in STALL_S where it takes about 190 s, and no
-        # run here has stalled since. Said aloud (the warnings summary, the saved figures) and run once more; a
+        # Stalled: module 04 once did not finish in STALL_S in CI, at several times its usual time, and did not
+        # stall again in later runs. Said aloud (the warnings summary, the saved figures) and run once more; a
         # second stall fails. The log's tail names the cell that was running.
         warnings.warn(f"{notebook.parent.name} stalled on a laptop run, running it again: "
                       f"{result['log_tail'][-1500:]}", stacklevel=1)
         stalled = result
         result = execute(notebook, tmp_path / "again" / notebook.name, env=env, timeout_s=STALL_S,
-                         parameters=LAPTOP_PARAMETERS.get(notebook.parent.name))
+                         parameters=parameters)
         result["stalled_first"] = {k: v for k, v in stalled.items() if k != "record"}
     save(f"{notebook.parent.name}-laptop", {k: v for k, v in result.items() if k != "log_tail"})
     print(f"{notebook.name}: {result['wall_s']} s, peak {result['peak_pss_mib']} MiB PSS: "
