@@ -81,8 +81,10 @@ def test_joining_an_existing_cluster_ships_coursekit_to_its_workers(tmp_path):
     port = free_port()
     ray_cli = str(Path(PY).parent / "ray")
     temp_dir = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # short: Ray's unix sockets live under it (107-char limit)
+    # On SIGTERM a head node first drains (for Ray Serve) and waits the full 30 s: none here to drain.
+    head_env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     head = subprocess.Popen([ray_cli, "start", "--head", "--block", f"--port={port}", "--num-cpus=1",
-                             "--include-dashboard=false", f"--temp-dir={temp_dir}"],
+                             "--include-dashboard=false", f"--temp-dir={temp_dir}"], env=head_env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         script = tmp_path / "join.py"
