@@ -10,6 +10,10 @@ points of its test cells (a mistake written as ``(code, cells)`` may keep the po
 reference (``RIGHT``: full marks). A last student submitted only the first module.
 Each submission is graded in its own process (autograder/contain.py); the bad-submission corpus,
 reruns and input layouts are in test_grading_corpus.py.
+
+The class is graded in two runs into the same folder, as submissions arrive: the first three students with
+their HTML feedback pages (the pages this file reads), then the whole class without pages (about 1 s less per
+submission), which keeps the first run's grades and pages.
 """
 import csv
 import importlib.util
@@ -85,32 +89,48 @@ def importer_answers(module: str) -> dict[str, str]:
     return out
 
 
+FEEDBACK_READ = ("ada", "blank", "partial")   # graded first, with feedback pages: the ones the last test reads
+
+
+def class_answers(module: str) -> dict[str, dict[str, str]]:
+    """student -> answers (grade_id -> code) of every student who submitted ``module``."""
+    reference = solution_answers(module)
+    out = {"ada": reference, "blank": {}}                        # the reference solution; the untouched notebook
+    for student, wrong in wrong_students(module).items():
+        out[student] = {**reference, **{gid: code for gid, (code, _) in wrong.items()}}
+    if importer_answers(module):
+        out["importer"] = {**reference, **importer_answers(module)}
+    right = getattr(answers_file(module), "RIGHT", None)
+    if right:
+        out["right"] = {**reference, **right}
+    return out
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     subs = tmp_path_factory.mktemp("submissions")
-    ms = graded_modules()
-    for module in ms:
-        reference = solution_answers(module)
-        write_submission(subs, "ada", module, reference)                     # the reference solution
-        write_submission(subs, "blank", module, {})                          # untouched notebook
-        for student, wrong in wrong_students(module).items():
-            write_submission(subs, student, module, {**reference, **{gid: code for gid, (code, _) in wrong.items()}})
-        if importer_answers(module):
-            write_submission(subs, "importer", module, {**reference, **importer_answers(module)})
-        right = getattr(answers_file(module), "RIGHT", None)
-        if right:
-            write_submission(subs, "right", module, {**reference, **right})
-    write_submission(subs, "late", ms[0], solution_answers(ms[0]))          # only the first module
     out = tmp_path_factory.mktemp("grading")
-    # two submissions at a time (the test machines have 2 cores: three took as long over all modules, with more
-    # memory); a generous limit: the machine may be shared
-    rows = grade(subs, out, only=ms, quiet=True, jobs=2, timeout=600)
-    return out, {(r["student"], r["module"]): r for r in rows}
+    ms = graded_modules()
+    answers = {m: class_answers(m) for m in ms}
+
+    def run(students, feedback: bool) -> dict:
+        for m in ms:
+            for student in students(m):
+                write_submission(subs, student, m, answers[m][student])
+        # two submissions at a time (the test machines have 2 cores: three took as long over all modules, with
+        # more memory); a generous limit: the machine may be shared
+        rows = grade(subs, out, only=ms, quiet=True, jobs=2, timeout=600, feedback=feedback)
+        return {(r["student"], r["module"]): r for r in rows}
+
+    first = run(lambda m: FEEDBACK_READ, feedback=True)
+    write_submission(subs, "late", ms[0], answers[ms[0]]["ada"])           # only the first module
+    rows = run(lambda m: [s for s in answers[m] if s not in FEEDBACK_READ], feedback=False)
+    return out, rows, first
 
 
 @pytest.mark.slow
 def test_reference_solution_gets_full_marks(graded):
-    _, rows = graded
+    _, rows, _ = graded
     for m in graded_modules():
         r = rows[("ada", m)]
         assert r["status"] == "graded" and r["max_score"] > 0
@@ -119,14 +139,14 @@ def test_reference_solution_gets_full_marks(graded):
 
 @pytest.mark.slow
 def test_untouched_notebook_gets_zero_and_grading_completes(graded):
-    _, rows = graded
+    _, rows, _ = graded
     for m in graded_modules():
         assert rows[("blank", m)]["status"] == "graded" and rows[("blank", m)]["score"] == 0
 
 
 @pytest.mark.slow
 def test_realistic_mistakes_get_partial_credit(graded):
-    _, rows = graded
+    _, rows, _ = graded
     for m in graded_modules():
         r = rows[("partial", m)]
         assert r["status"] == "graded"
@@ -135,7 +155,7 @@ def test_realistic_mistakes_get_partial_credit(graded):
 
 @pytest.mark.slow
 def test_each_realistic_mistake_loses_the_points_of_its_exercise(graded):
-    out, rows = graded
+    out, rows, _ = graded
     for m in graded_modules():
         for student, wrong in wrong_students(m).items():
             assert rows[(student, m)]["status"] == "graded", rows[(student, m)]
@@ -154,7 +174,7 @@ def test_each_realistic_mistake_loses_the_points_of_its_exercise(graded):
 @pytest.mark.slow
 def test_answers_imported_from_the_modules_scripts_lose_their_points(graded):
     """A notebook is graded beside the release's scripts (answers stubbed), never the reference ones."""
-    out, rows = graded
+    out, rows, _ = graded
     probed = [m for m in graded_modules() if importer_answers(m)]
     assert probed or ONLY, "no module's script defines an answer function: the probe tests nothing"
     for m in probed:
@@ -167,7 +187,7 @@ def test_answers_imported_from_the_modules_scripts_lose_their_points(graded):
 
 @pytest.mark.slow
 def test_right_answers_written_differently_get_full_marks(graded):
-    out, rows = graded
+    out, rows, _ = graded
     for m in graded_modules():
         if not getattr(answers_file(m), "RIGHT", None):
             continue
@@ -178,7 +198,7 @@ def test_right_answers_written_differently_get_full_marks(graded):
 
 @pytest.mark.slow
 def test_csv_and_feedback_cover_every_student_and_module(graded):
-    out, rows = graded
+    out, rows, _ = graded
     with open(out / "grades.csv") as f:
         table = list(csv.DictReader(f))
     students = {"ada", "blank", "late"} | {s for m in graded_modules() for s in wrong_students(m)}
@@ -189,8 +209,18 @@ def test_csv_and_feedback_cover_every_student_and_module(graded):
     assert {(r["student"], r["module"]) for r in table} == {(s, m) for s in students for m in graded_modules()}
     assert all(rows[("late", m)]["status"] == "missing" for m in graded_modules()[1:])
     assert rows[("late", graded_modules()[0])]["status"] == "graded"
-    for s in ("ada", "blank", "partial"):
+    for s in FEEDBACK_READ:
         for m in graded_modules():
             html = out / "feedback" / s / m / f"{m}.html"
             assert html.exists(), html
             assert "Score:" in html.read_text() or "score" in html.read_text().lower()
+
+
+@pytest.mark.slow
+def test_a_run_without_feedback_keeps_the_earlier_grades_and_pages_and_writes_no_new_page(graded):
+    out, rows, first = graded
+    for key, row in first.items():                # graded once, in the first run: the second reused its rows
+        assert rows[key] == row, (key, rows[key], row)
+    for m in graded_modules():
+        assert not (out / "feedback" / "wrong1" / m).exists(), f"{m}: a page from the run without feedback"
+        assert rows[("wrong1", m)]["status"] == "graded"

@@ -40,11 +40,12 @@ TORCH_PROCESSES = {
     "06_deepspeed": 1,
     "07_scaling_up": 4,        # the kernel; the torchrun launch: 1 agent and 2 ranks
 }
-# What the laptop run of a notebook leaves to its Binder run: 05's and 06's comparisons (RUN_COMPARISONS: memory
-# per rank, meta-device construction, HSDP, activation checkpointing, prefetching, TP, every ZeRO stage against
-# DDP) run forked gloo ranks, the same code on every platform, and their Binder run executes them all. The laptop
-# run covers what differs there: the exercises, and the Ray Train sections on real worker groups.
-LAPTOP_PARAMETERS = {"05_fsdp2": {"RUN_COMPARISONS": False}, "06_deepspeed": {"RUN_COMPARISONS": False}}
+# What the laptop run of a notebook leaves to its Binder run: the comparisons of 05, 06 and 07 (RUN_COMPARISONS:
+# memory per rank, meta-device construction, HSDP, activation checkpointing, prefetching, TP, every ZeRO stage
+# against DDP, 07's side-by-side measurement of every strategy and the planner's check) run forked gloo ranks, the
+# same code on every platform, and their Binder run executes them all. The laptop run covers what differs there:
+# the exercises, and the Ray Train sections on real worker groups (07: torchrun and Ray Train launches, capstone).
+LAPTOP_PARAMETERS = {m: {"RUN_COMPARISONS": False} for m in ("05_fsdp2", "06_deepspeed", "07_scaling_up")}
 # A notebook that stalls (a frozen kernel at the memory limit) fails at this, instead of hanging the suite.
 STALL_S = 600
 # The most a notebook should hold in Binder mode, in anonymous + shared memory at its peak, as a share of its limit: the
