@@ -1,0 +1,200 @@
+"""The concept questions' keys: module -> grade_id -> (the expected letters, why, whether several letters
+may be given). Never released: the notebooks hand in the answer (``coursekit.testing.record_answer``) and
+``judge`` checks it here, in the grader's process."""
+from __future__ import annotations
+
+from coursekit.testing.concepts import answer_problem, check_concept
+
+KEYS: dict[str, dict[str, tuple[str, str, bool]]] = {
+    '01_ddp_pytorch': {
+        'test_concept_ddp_broadcast': ('b', (
+            "DDP's constructor broadcasts rank 0's parameters and buffers to every rank, so both ranks print rank "
+            "0's sum after DDP(model). DDP never averages weights (it averages gradients, during backward), and "
+            'it does not refuse replicas that differ: it makes them equal.'), False),
+        'test_concept_sampler_seed': ('b', (
+            'Each rank computes its own permutation and keeps every world_size-th index of it; only the same seed '
+            '(and epoch) on every rank gives the same permutation, hence disjoint slices that cover the data. '
+            'With seed=rank the two permutations differ: some examples land in both shards, others in neither. '
+            'Nothing checks the seeds, and DDP still keeps the replicas identical (it averages the gradients).'), False),
+        'test_concept_equal_shards': ('c', (
+            "A collective waits until every rank of the group has joined it: rank 1's third all-reduce waits for "
+            "rank 0, which has left its loop, until the process group's timeout, and the job fails. Nothing "
+            'compares the batch counts beforehand, and an all-reduce never completes with fewer ranks than the '
+            "group has. Equal shards (the sampler's padding, or DDP's join() for uneven inputs) keep the ranks in "
+            'step.'), False),
+        'test_concept_rank0_save': ('b', (
+            'Every step all-reduces the gradients, so every rank applies the same averaged update to the same '
+            'weights (made equal once, when DDP wrapped the model): weights and optimizer state stay identical '
+            "whatever each rank's data, which is what data parallelism relies on. DDP copies rank 0's buffers "
+            'before each forward, not its weights, and nothing needs gathering. Sharded strategies (FSDP2, '
+            'ZeRO-3) differ: each rank holds a slice, so every rank saves its own.'), False),
+    },
+    '02_ray_train': {
+        'test_concept_prepare_model': ('b', (
+            'With one worker prepare_model only moves the model to the device (no DistributedDataParallel), so '
+            "there is no .module: unwrap with getattr(model, 'module', model) or an isinstance check."), False),
+        'test_concept_data_loader': ('c, d', (
+            'It adds a DistributedSampler (keeping your shuffle) and moves batches to the device, but it keeps '
+            'your batch_size per worker (2 workers x 4 = 8 numbers per step in the demo; 4 workers x 64 = 256 '
+            "with a batch_size of 64) and never calls set_epoch (the demo's second epoch repeats the first): both "
+            'are yours.'), True),
+        'test_concept_report': ('c', (
+            'Every worker must take part in every collective, the same number of times: DDP all-reduces the '
+            "gradients in every step's backward, and ray.train.report is a barrier across all workers. Worker 2 "
+            "never joins again, so the others block until the process group's timeout. Stop on a decision the "
+            'workers share (all-reduce the validation loss, or a stop flag), so that they all leave the loop '
+            'together.'), False),
+        'test_concept_metrics_rows': ('d', (
+            "In Train V2 only reports with a checkpoint are kept (4 here, with rank 0's metrics); num_to_keep=2 "
+            'keeps the two lowest val_loss (epochs 9 and 14) and Ray Train never deletes the latest checkpoint '
+            '(epoch 19): 3 rows. result.checkpoint is that latest one, not the best: the best is in '
+            'result.best_checkpoints.'), False),
+        'test_concept_shared_storage': ('c', (
+            "Ray Train 2.60 writes a marker file into the run's folder when the run starts, from the driver's "
+            'node (where its controller runs), and a worker looks for it before it persists a checkpoint '
+            "(StorageContext._check_validation_file). Rank 0's GPU node has its own /home/ray/results without the "
+            "marker, so its first report with a checkpoint raises 'Unable to set up cluster storage' and the run "
+            'fails: nothing lands silently on a GPU node. Use storage every node reaches: NFS, S3, GCS.'), False),
+    },
+    '03_ray_data': {
+        'test_concept_cpu_split': ('c', (
+            "Ray Train reserves its workers' resources (here 8 x 2 CPUs = all 16, and the 8 GPUs) for the whole "
+            'run, and a Ray Data task is only scheduled where its num_cpus are free: the map_batches tasks never '
+            'start, and the workers wait for their first batch forever. Ray Train does not know what the Dataset '
+            "needs, so it starts; Ray Data never borrows a worker's reserved CPUs or runs on its GPU. Leave CPUs "
+            'to Ray Data (1 CPU per GPU worker here) and cap Ray Data to them.'), False),
+        'test_concept_uneven_rows': ('b', (
+            'equal=True gives every worker the same number of rows by leaving up to N - 1 rows out of each epoch: '
+            '1003 // 4 = 250 each, 3 left out. So every worker runs the same number of steps and reaches the same '
+            'gradient all-reduces. DistributedSampler pads instead (rows read twice); nothing requires a multiple '
+            'of the number of workers.'), False),
+        'test_concept_streaming_memory': ('b', (
+            'Streaming execution pipelines read -> preprocess -> train block by block; backpressure (within the '
+            "DataContext's object-store budget) pauses the producers when the consumers lag, and consumed blocks "
+            "are freed: the high-water mark stays below the store's size, and nothing spills. Nothing is "
+            'compressed, the run does not fail, and a shard is an iterator, not a copy loaded up front: the data '
+            'set can be far larger than memory.'), False),
+        'test_concept_when_ray_data': ('c', (
+            "The node's CPUs are the limit: 32 CPUs x (1 s / 2 ms) = 16,000 images per second at most, whatever "
+            "the DataLoader's batch size or number of worker processes (8 per GPU is 64 processes sharing the "
+            'same 32 CPUs). Only more CPUs help, and a DataLoader can only use the CPUs of its own node: Ray '
+            "Data's map_batches tasks run on any node, so adding CPU-only nodes closes the gap (24,000 / 500 = 48 "
+            'CPUs are needed).'), False),
+    },
+    '04_fault_tolerance': {
+        'test_concept_rng_per_rank': ('b', (
+            "DDP broadcasts parameters and buffers, never RNG states, and the sampler's order comes from its own "
+            "seed and set_epoch: each rank's random stream is its own state, so a complete checkpoint holds one "
+            'per rank.'), False),
+        'test_concept_keep_latest': ('c', (
+            'num_to_keep deletes the worst checkpoints except the latest one (storage holds epochs 3, 4 and 9), '
+            'and a restart (or a rerun) always continues from the latest registered checkpoint; the best ones are '
+            'for deployment.'), False),
+        'test_concept_max_failures': ('b', (
+            'Ray Train restarts the worker group as a whole, and counts one failure per restart however many of '
+            'its workers failed; the count is per run and never resets (preemptions have their own budget).'), False),
+        'test_concept_driver_restart': ('b', (
+            'A run is identified by storage_path/name, whose snapshot lists its registered checkpoints: a new '
+            'name is a new run, with no checkpoint, whatever the bucket holds. FailureConfig covers the workers, '
+            'not the driver. A fixed name (and rerunning it) resumes the run; Train V2 refuses '
+            'resume_from_checkpoint.'), False),
+        'test_concept_asha': ('b, c', (
+            'ASHA decides each trial when it reaches a rung, against what the trials before it reported there '
+            '(the first always continues): arriving from worst to best every trial continues, from best to worst '
+            'every one after the first is stopped. It never waits for the others.'), True),
+    },
+    '05_fsdp2': {
+        'test_concept_root_only': ('b', (
+            "the root unit's parameters are still Shard(0) DTensors, their gradients are reduce-scattered into "
+            "shards and AdamW's moments follow the shards; but one unit is gathered whole for forward and "
+            'backward, so the peak holds the full model, as under DDP (the measurement below shows it).'), False),
+        'test_concept_reshard': ('a', (
+            'with True every unit is gathered before its forward, freed, and gathered again before its backward: '
+            '2 x 3 units = 6; with False each unit keeps its gathered weights from forward to backward: 3, at the '
+            'cost of holding them all in between. 5 is the default (left unset), where FSDP2 keeps only the root '
+            'gathered; a value you pass applies to the root too.'), False),
+        'test_concept_memory': ('b', (
+            'FSDP2 shards the model state, about 16 bytes per parameter with AdamW, so it shrinks as 1/N; the '
+            "activations belong to each rank's own micro-batch and are not sharded, and the gathered weights are "
+            'transient, one unit at a time. DDP keeps a full copy per rank whatever N is.'), False),
+        'test_concept_dcp': ('b', (
+            'full_state_dict=True all-gathers every tensor on every rank before the save, so each rank held the '
+            'whole model and optimizer (the peak FSDP2 exists to avoid); DCP then keeps one of the identical '
+            "copies, so each tensor is written once, whole, by one rank, and the files' sizes look balanced: only "
+            "the metadata's chunks show that nothing was sharded. (All in rank 0's file is what cpu_offload=True "
+            'gives.)'), False),
+        'test_concept_meta_peak': ('b', (
+            'Eager construction materialises the whole model on every rank (plus the shards fully_shard copies '
+            'out of it) before anything is freed. Built on the meta device, a rank only ever allocates its '
+            'shards, about F/2 on 2 ranks. broadcast_from_rank0 needs the full state dict on rank 0 alone: rank 0 '
+            "holds the file's weights and its shards, every other rank only its shards and one tensor in flight."), False),
+    },
+    '06_deepspeed': {
+        'test_concept_zero2_full': ('c', (
+            'ZeRO-2 partitions the optimizer state and the reduced gradients (14 bytes x 15 B / N) but every rank '
+            'keeps all the bf16 parameters that forward and backward compute with: 2 bytes x 15 B = 30 GB, so 30 '
+            '+ 210/N GB never goes below 30 GB. Only ZeRO-3 (or FSDP2) partitions the parameters.'), False),
+        'test_concept_zero3_traffic': ('a', (
+            'Each all-gather brings a rank the (N-1)/N of every layer it does not own, about Psi values per pass '
+            'whatever N: two gathers and a reduce-scatter make about 3 x Psi per GPU per step on 8 GPUs as on 32, '
+            'while the model state per GPU, 16 x Psi / N, shrinks. Memory scales with N; the communication per '
+            'GPU does not shrink.'), False),
+        'test_concept_bf16': ('a, b', (
+            'bf16 has an 8-bit mantissa: an update much smaller than a weight would round away, so the optimizer '
+            'updates an fp32 master copy with fp32 moments; forward and backward run on bf16 weights, and the '
+            'logits and other activations are bf16 (half the memory and bandwidth). The run below your answer '
+            'prints each dtype.'), True),
+        'test_concept_offload': ('b', (
+            'On a CPU-only machine the device memory is the host memory: offloading moves nothing out of the '
+            'process, and DeepSpeed adds host buffers for the gradient partitions the CPU step reads (the table '
+            'shows ZeRO-2 + offload holding more). On a GPU node the same setting moves the optimizer state and '
+            'master weights out of GPU memory, paid for with PCIe copies and an optimizer step on the CPU every '
+            'step.'), False),
+        'test_concept_lost_partition': ('c', (
+            "Under ZeRO-3 no rank holds a whole parameter: each rank's model-states file holds only placeholders "
+            'for the partitioned parameters, and its optim-states file its partition of the fp32 master weights '
+            "and of Adam's moments. With ranks 2 and 3 missing, half of every tensor is gone: neither "
+            "load_checkpoint nor zero_to_fp32 can rebuild the model. (Under ZeRO-2, rank 0's model-states file "
+            'would still hold the full weights.)'), False),
+    },
+    '07_scaling_up': {
+        'test_concept_scaling_limits': ('a c', (
+            "DDP's work per example does not change with scale (every GPU runs the whole model on its own batch); "
+            'what grows is the gradient all-reduce (slower between nodes) and the wait for the slowest worker.'), True),
+        'test_concept_when_to_shard': ('a c', (
+            'Per rank, in fp32 with AdamW: DDP 16 bytes per parameter; ZeRO-2 keeps the whole parameters, 4 + (4 '
+            '+ 12) / 4 = 8; ZeRO-3 (4 + 4 + 12) / 4 = 5; FSDP2 16 / 4 = 4. The budget is about 6 bytes per '
+            'parameter, so on 4 ranks FSDP2 and ZeRO-3 fit, and on 2 ranks nothing does (FSDP2: 16 / 2 = 8).'), True),
+        'test_concept_cluster_layout': ('a c', (
+            'Resources only steer where Ray schedules tasks and actors: without use_gpu each worker asks for 1 '
+            'CPU, which only the worker nodes offer, and nothing gives it a GPU, so Ray Train picks gloo and the '
+            'CPU device. The driver is the process you start, wherever you start it.'), True),
+        'test_concept_shared_storage': ('a', (
+            'Ray Train 2.60 writes a marker file into the storage path when the run starts and checks for it '
+            'before it persists a checkpoint (StorageContext._check_validation_file). With a sharded model every '
+            'worker persists its shards, so the workers of the other node find no marker and the report raises '
+            "'Unable to set up cluster storage': nothing lands silently on a node's disk. Use storage every node "
+            'reaches (S3/GCS, NFS/EFS, /mnt/cluster_storage).'), False),
+        'test_concept_job_submission': ('a b c', (
+            "The workers are actors of the driver's job: when the driver dies, Ray ends them. The checkpoints are "
+            'in shared storage, so the same name and storage_path resume from the latest one (module 04), through '
+            'your get_checkpoint branch. A Ray job runs the driver on the cluster, detached from your session; '
+            'FailureConfig restarts worker groups, never the driver.'), True),
+    },
+}
+
+
+def judge(module: str, grade_id: str, data: dict | None) -> tuple[bool, str]:
+    """(passed, message) for a concept question's handed-in answer: its form (the visible check), then its
+    letters against the key."""
+    key, why, several = KEYS[module][grade_id]
+    if data is None or "answer" not in data:
+        return False, "no answer was handed in: run the question's cells (the answer cell, then its check) without errors"
+    problem = answer_problem(data["answer"], several)
+    if problem:
+        return False, problem
+    try:
+        check_concept(data["answer"], key, why)
+    except AssertionError as e:
+        return False, str(e)
+    return True, f"Right. {why}"
