@@ -59,6 +59,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from autograder.checks.tamper import scan
 from autograder.collect import Found, collect
 from autograder.contain import jail_available, jail_missing_reason, run_limited, write_kernelspec
 from autograder.paths import CONFIG, REPO, SOLUTIONS, modules, tool_env
@@ -69,7 +70,7 @@ from autograder.release import strip_scripts
 warnings.filterwarnings("ignore", message=r"Object of type <\w+> not in session", module=r"nbgrader\.")
 
 STATUSES = ("graded", "tests modified", "timed out", "kernel died", "invalid notebook", "missing")
-FIELDS = ["student", "module", "score", "max_score", "status", "seconds", "detail"]
+FIELDS = ["student", "module", "score", "max_score", "status", "seconds", "detail", "flags"]
 DEFAULT_TIMEOUT = 300          # seconds per submission (wall clock, kernel start included)
 DEFAULT_MEMORY = 8 * 2**30     # bytes RSS of the whole process tree of one submission
 IGNORE = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__")
@@ -369,6 +370,7 @@ class Job:
     timeout: float     # seconds
     status: str        # its status if nbgrader grades it: "graded", or "tests modified"
     feedback: bool = True   # write its HTML feedback page
+    flags: str = ""    # lines of the student's code that reach for the grading machinery (autograder.checks.tamper)
 
 
 class Cache:
@@ -421,14 +423,15 @@ def plan(found: list[Found], wanted: list[str], templates: dict[str, Path], main
             f.folder / f"{f.module}.ipynb", templates[f.module], f.module)
         if invalid:
             row = {"student": f.student, "module": f.module, "score": 0.0, "max_score": max_scores[f.module],
-                   "seconds": 0.0, "status": "invalid notebook", "detail": invalid}
+                   "seconds": 0.0, "status": "invalid notebook", "detail": invalid, "flags": ""}
             _forget(main, f.student, f.module)
             _plain_feedback(main, row)
             rows[(f.student, f.module)] = row
             cache.store(f, key, row, limits)
             continue
         detail = "; ".join(x for x in (f.detail, modified and f"read-only cells changed: {modified}") if x)
-        jobs.append(Job(f, key, detail, timeout, "tests modified" if modified else "graded", feedback))
+        flags = " | ".join(scan(f.folder / f"{f.module}.ipynb"))
+        jobs.append(Job(f, key, detail, timeout, "tests modified" if modified else "graded", feedback, flags))
     return rows, jobs, n_cached
 
 
@@ -494,6 +497,7 @@ def record(job: Job, run: dict, main: Path, out: Path, max_score: float, memory:
     if run.get("node") and not run.get("jailed"):      # graded on a Ray cluster's node that has no jail
         why = "; ".join(x for x in (why, f"graded on {run['node']} without the jail (no bubblewrap there)") if x)
     row["detail"] = "; ".join(x for x in (job.detail, why) if x)
+    row["flags"] = job.flags
     if status not in ("graded", "tests modified"):
         _plain_feedback(main, row)
     logdir = out / "logs" / f.student
@@ -515,7 +519,7 @@ def write_reports(out: Path, main: Path, table: list[dict], wanted: list[str], w
     with open(out / "grades.csv", "w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=FIELDS)
         writer.writeheader()
-        writer.writerows({k: r[k] for k in FIELDS} for r in table)
+        writer.writerows({k: r.get(k, "") for k in FIELDS} for r in table)
     with Gradebook(f"sqlite:///{main / 'gradebook.db'}") as gb:
         CsvExportPlugin(to=str(out / "nbgrader-grades.csv"), assignment=list(wanted)).export(gb)
     fb = out / "feedback"
@@ -607,7 +611,7 @@ def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bo
             bar.close()
 
     table = [rows.get((s, m)) or {"student": s, "module": m, "score": 0.0, "max_score": max_scores[m],
-                                  "status": "missing", "seconds": 0.0, "detail": ""}
+                                  "status": "missing", "seconds": 0.0, "detail": "", "flags": ""}
              for s in students for m in wanted]
     write_reports(out, main, table, wanted, workers, len(todo), time.perf_counter() - run_start,
                   time.perf_counter() - jobs_start)
@@ -698,6 +702,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = grade(args.submissions, args.out, **options)
     for r in rows:
         print(f"{r['student']:<20} {r['module']:<20} {r['score']:>6} / {r['max_score']:<6} {r['status']:<16} {r['detail']}")
+    flagged = [r for r in rows if r.get("flags")]
+    if flagged:
+        print(f"\n{len(flagged)} submission(s) reach for the grading machinery (the flags column of grades.csv; "
+              "this decides nothing, a human looks):")
+        for r in flagged:
+            print(f"  {r['student']}/{r['module']}: {r['flags']}")
     print(f"grades: {args.out / 'grades.csv'}; feedback: {args.out / 'feedback'}; "
           f"gradebook: {args.out / 'nbgrader' / 'gradebook.db'}")
     return 0

@@ -5,7 +5,8 @@ request (``autograder.contain.WarmWorker``: the grader's way, so that each job d
 A job's working directory is ``JOB/root``, which holds ``nbgrader_config.py``, a gradebook with only this module,
 the module's release and this one student's submission. nbgrader's autograde and generate_feedback run in the
 job's process; the student's code runs in the kernel nbgrader starts (see ``autograder.contain`` for where
-that kernel runs and what it can see). The result goes to ``JOB/result.json``; the parent
+that kernel runs and what it can see). Between the two, ``autograder.checks.apply`` decides in this process, from
+the data the test cells handed in, the score of every cell judged outside the kernel. The result goes to ``JOB/result.json``; the parent
 merges the grades into the main gradebook.
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ def _die_with_parent() -> None:
 
 
 # What a job imports before its kernel starts; a warm worker imports it once for every job it forks.
-PRELOAD = ("nbgrader.apps", "nbgrader.converters.autograde", "nbgrader.converters.generate_feedback",
+PRELOAD = ("autograder.checks", "nbgrader.apps", "nbgrader.converters.autograde", "nbgrader.converters.generate_feedback",
            "nbconvert.exporters.html", "traitlets.config.loader")
 
 
@@ -96,6 +97,13 @@ def main(argv: list[str]) -> int:
     result["success"] = bool(ag.get("success"))
     result["log"] = (ag.get("log") or "")[-8000:]
     result["error"] = (ag.get("error") or "")[-8000:]
+    graded = job / "work" / student / module / f"{module}.ipynb"
+    if result["success"] and graded.exists():
+        # the cells whose score this process decides, from the data they handed in: never from what the kernel,
+        # where the student's code ran, reported (autograder.checks)
+        from autograder.checks import apply
+
+        result["outside"] = apply(graded, f"sqlite:///{root / 'gradebook.db'}", module, student)
     if result["success"] and feedback:
         fb_start = time.perf_counter()
         fb = api.generate_feedback(module, student, force=True)

@@ -124,18 +124,34 @@ def _points(cells):
 
 
 def test_points_go_mostly_to_code_and_each_module_asks_concept_questions():
-    """3-5 concept questions per module, each checked by a hidden check_concept with its explanation;
-    more points for the code the student writes than for the questions."""
+    """3-5 concept questions per module, each handed in by the notebook (record_answer) and judged by the grader
+    against its key and explanation (autograder/checks/concepts.py), never in the kernel; more points for the code
+    the student writes than for the questions."""
+    from autograder.checks import judged_outside
+    from autograder.checks.concepts import KEYS
+
     for module in modules():
         nb = nbformat.read(REPO / "solutions" / module / f"{module}.ipynb", as_version=4)
         tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
         concept = [c for c in tests if "concept" in c.metadata["nbgrader"]["grade_id"]]
         code = [c for c in tests if c not in concept]
         assert 3 <= len(concept) <= 5, f"{module}: {len(concept)} concept questions"
+        assert {c.metadata["nbgrader"]["grade_id"] for c in concept} == set(KEYS[module]) <= judged_outside(module)
         for c in concept:
-            hidden = c.source.split("### BEGIN HIDDEN TESTS", 1)[-1]
-            assert "check_concept(" in hidden, f"{module}/{c.metadata['nbgrader']['grade_id']}: hidden check_concept"
+            gid = c.metadata["nbgrader"]["grade_id"]
+            assert "HIDDEN TESTS" not in c.source and "check_concept" not in c.source, f"{module}/{gid}: key in the cell"
+            assert c.source.startswith(f'record_answer("{gid}", {gid[len("test_"):].upper()}'), f"{module}/{gid}"
         assert _points(code) > _points(concept), f"{module}: {_points(code)} code vs {_points(concept)} concept points"
+
+
+def test_every_code_cell_of_a_release_is_locked_or_an_answer():
+    """nbgrader restores a locked cell's source when it grades and the pre-check flags a change: no reference or
+    helper that a test relies on can be edited in a submission."""
+    for module in modules():
+        nb = nbformat.read(REPO / "solutions" / module / f"{module}.ipynb", as_version=4)
+        loose = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
+                 and not (c.metadata.get("nbgrader", {}).get("locked") or c.metadata.get("nbgrader", {}).get("solution"))]
+        assert not loose, f"{module}: code cells {loose} are neither locked nor answers"
 
 
 # ------------------------------------------------------------- a light main path (issue 20)

@@ -1,0 +1,88 @@
+"""Verdicts decided outside the student's kernel.
+
+A submission's notebook runs in a jailed kernel (``autograder.contain``); whatever that kernel reports about
+itself (an error, its absence, a reply's status) could have been forged by the code that ran in it. For the
+cells listed here the grade is decided instead in the grading job's own process, which never runs notebook code:
+the test cell hands in plain JSON data (``coursekit.evidence.hand_in``, an output of its own MIME type), and
+``apply`` reads that data from the autograded notebook, runs the checks (the visible ones, which the notebook
+also runs, and the hidden ones, which only exist here), writes each cell's score into the job's gradebook and
+its verdict into the notebook that the feedback page is made from.
+
+What a student's code can still change is the data it hands in: to pass, that data has to be right.
+
+Judged here so far: every concept question of every module (``concepts``). The code exercises' hidden tests
+still run in the kernel; ``tamper.scan`` lists submissions that reach for the grading machinery.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from autograder.checks import concepts
+from coursekit.evidence import MIME
+
+VERDICT = "Graded outside your kernel"
+
+
+def judged_outside(module: str) -> set[str]:
+    """The grade_ids of ``module`` whose score is decided here."""
+    return set(concepts.KEYS.get(module, {}))
+
+
+def judge(module: str, grade_id: str, data: dict | None) -> tuple[bool, str]:
+    """(passed, message) of one cell from its handed-in data (None: nothing was handed in)."""
+    if grade_id in concepts.KEYS.get(module, {}):
+        return concepts.judge(module, grade_id, data)
+    raise KeyError(f"{module}: {grade_id} is not judged outside the kernel")
+
+
+def evidence(cell) -> dict | None:
+    """The data a test cell handed in: the last evidence output of that cell that names the cell's own grade_id
+    (an answer cell's outputs, or another cell's, count for nothing). Plain JSON, or None."""
+    grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+    found = None
+    for output in cell.get("outputs", []):
+        payload = output.get("data", {}).get(MIME) if output.get("output_type") in ("display_data", "execute_result") \
+            else None
+        if isinstance(payload, dict) and payload.get("grade_id") == grade_id and isinstance(payload.get("data"), dict):
+            found = payload["data"]
+    return found
+
+
+def _verdict_output(passed: bool, message: str):
+    import nbformat
+
+    if passed:
+        return nbformat.v4.new_output("stream", name="stdout", text=f"{VERDICT}: {message}\n")
+    return nbformat.v4.new_output("error", ename=VERDICT, evalue=message, traceback=[f"{VERDICT}: {message}"])
+
+
+def apply(notebook: Path, gradebook_url: str, module: str, student: str) -> dict[str, bool]:
+    """Judge every cell of ``judged_outside(module)`` in the autograded ``notebook``: its score into the gradebook
+    (full points or 0, whatever the kernel reported), its verdict appended to the cell's outputs (the evidence
+    outputs removed). Returns grade_id -> passed."""
+    import nbformat
+    from nbgrader.api import Gradebook, MissingEntry
+
+    outside = judged_outside(module)
+    nb = nbformat.read(notebook, as_version=4)
+    verdicts: dict[str, tuple[bool, str]] = {}
+    for cell in nb.cells:
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if cell.cell_type != "code" or gid not in outside or gid in verdicts:
+            continue
+        passed, message = judge(module, gid, evidence(cell))
+        verdicts[gid] = (passed, message)
+        cell.outputs = [o for o in cell.get("outputs", []) if MIME not in o.get("data", {})]
+        cell.outputs.append(_verdict_output(passed, message))
+    for gid in outside - set(verdicts):       # not in the notebook at all: nothing handed in
+        verdicts[gid] = judge(module, gid, None)
+    nbformat.write(nb, notebook)
+    with Gradebook(gradebook_url) as gb:
+        for gid, (passed, _) in verdicts.items():
+            try:
+                grade = gb.find_grade(gid, module, module, student)
+            except MissingEntry:
+                continue
+            grade.auto_score = grade.max_score if passed else 0.0
+        gb.db.commit()
+    return {gid: passed for gid, (passed, _) in verdicts.items()}

@@ -1,0 +1,75 @@
+"""Attacks on the grading from inside the kernel gain nothing where the verdict is decided outside it.
+
+Module 01 (the fastest to grade): an honest student who answers every concept question wrongly (and every exercise
+with the reference), and one student per tamper in tests/tampering.py with the same answers plus the tamper. The
+concept questions are judged outside the kernel (autograder/checks): no tamper may score more than the honest
+student, and every tamper is listed in the flags column for the instructor.
+"""
+import csv
+
+import pytest
+
+from autograder.checks import VERDICT, judged_outside
+from autograder.checks.concepts import KEYS
+from autograder.contain import jail_available
+from autograder.grade import grade
+from autograder.samples import solution_answers, write_submission
+from tampering import READS_KEYS, TAMPERS
+
+MODULE = "01_ddp_pytorch"
+
+
+def wrong_concepts(expression: str | None = None) -> dict[str, str]:
+    """grade_id of each concept answer cell -> a wrong answer (or ``expression`` of the question's grade_id)."""
+    out = {}
+    for gid, (key, _, _) in KEYS[MODULE].items():
+        var = gid[len("test_"):].upper()
+        wrong = next(x for x in "abcd" if x not in key)
+        out[gid[len("test_"):]] = f'{var} = "{wrong}"' if expression is None else \
+            f'{var} = {expression.format(gid=gid, wrong=wrong)}'
+    return out
+
+
+@pytest.fixture(scope="module")
+def tampered(tmp_path_factory):
+    subs, out = tmp_path_factory.mktemp("tamper-submissions"), tmp_path_factory.mktemp("tamper-grading")
+    reference = solution_answers(MODULE)
+    first = next(gid for gid in reference if not gid.startswith("concept_"))
+    write_submission(subs, "honest", MODULE, {**reference, **wrong_concepts()})
+    for name, code in TAMPERS.items():
+        if name in READS_KEYS and not jail_available():
+            continue        # unjailed, the kernel can read the grader's files: that is the jail's job, not this one's
+        concepts = wrong_concepts('_keys.get("{gid}", "{wrong}")' if name in READS_KEYS else None)
+        answers = {**reference, **concepts, first: code.strip() + "\n\n" + reference[first]}
+        write_submission(subs, name, MODULE, answers)
+    grade(subs, out, only=[MODULE], quiet=True, jobs=2, timeout=300)
+    with open(out / "grades.csv", encoding="utf-8", newline="") as f:
+        return out, {r["student"]: r for r in csv.DictReader(f)}
+
+
+@pytest.mark.slow
+def test_no_tamper_scores_more_than_the_same_answers_without_it(tampered):
+    _, rows = tampered
+    honest = rows["honest"]
+    assert honest["status"] == "graded" and 0 < float(honest["score"]) < float(honest["max_score"]), honest
+    lost = float(honest["max_score"]) - float(honest["score"])
+    assert lost == len(judged_outside(MODULE)), f"the honest student lost {lost} points, not one per concept question"
+    tampers = [s for s in rows if s != "honest"]
+    assert len(tampers) >= len(TAMPERS) - len(READS_KEYS)
+    gained = {s: rows[s]["score"] for s in tampers if float(rows[s]["score"]) > float(honest["score"])}
+    assert not gained, f"tampers that gained points over {honest['score']}: {gained}"
+
+
+@pytest.mark.slow
+def test_every_tamper_is_listed_for_the_instructor_and_the_honest_student_is_not(tampered):
+    _, rows = tampered
+    assert rows["honest"]["flags"] == ""
+    unlisted = [s for s, r in rows.items() if s != "honest" and not r["flags"]]
+    assert not unlisted, f"tampers missing from the flags column: {unlisted}"
+
+
+@pytest.mark.slow
+def test_the_feedback_shows_the_verdicts_decided_outside_the_kernel(tampered):
+    out, _ = tampered
+    page = (out / "feedback" / "honest" / MODULE / f"{MODULE}.html").read_text(encoding="utf-8")
+    assert VERDICT in page and "not quite" in page
