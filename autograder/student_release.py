@@ -240,6 +240,14 @@ def answer_leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
     return found
 
 
+def judged_texts(mods: list[str] | None = None) -> list[tuple[str, str]]:
+    """(grade_id, the first 60 characters of its explanation) of each concept key the grader holds
+    (autograder/checks/concepts.py): text that names the right answer."""
+    from autograder.checks.concepts import KEYS
+
+    return [(gid, why[:60]) for m in mods or modules() for gid, (_, why, _) in KEYS.get(m, {}).items()]
+
+
 def leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
     """What in ``folder`` must not reach students: ["path: what", ...] (empty when clean).
 
@@ -260,6 +268,9 @@ def leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
         for marker in MARKERS:
             if marker in text:
                 found.append(f"{path.relative_to(folder)}: nbgrader marker {marker!r}")
+        for gid, why in judged_texts(mods):      # the grader's explanations of the concept keys
+            if why in text:
+                found.append(f"{path.relative_to(folder)}: the grader's explanation of {gid}")
     for m in mods or modules():
         nb_path = course / m / f"{m}.ipynb"
         if not nb_path.exists():

@@ -5,13 +5,15 @@ The course's grader never trusts what a kernel says about itself (an error or it
 handing in the values it measured (``hand_in``): JSON data, shown as an output of a MIME type of its own that
 JupyterLab does not draw. The grader reads that output from the graded notebook, in a process where no
 notebook code ever ran, and applies the checks there (the visible ones you see in the notebook and the hidden
-ones). Outside grading (``COURSE_GRADING`` unset) nothing is handed in.
+ones). Outside grading (``coursekit.runtime``'s ``grading``: nbgrader's autograde and Validate, ``COURSE_GRADING=1``)
+nothing is handed in.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
+
+from coursekit.runtime import settings
 
 MIME = "application/vnd.ray-train-course.evidence+json"
 
@@ -34,7 +36,7 @@ def plain(value):
 
 def hand_in(grade_id: str, **data) -> None:
     """Hand this test cell's evidence (``data``, made plain) to the grader, when grading."""
-    if os.environ.get("COURSE_GRADING") != "1":
+    if not settings().grading:
         return
     from IPython.display import display
 
