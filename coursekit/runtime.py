@@ -253,6 +253,14 @@ class Settings:
     record_file: str | None = None    # COURSE_RECORD: where record() adds a notebook's figures; None: nowhere
 
 
+def is_grading(env: dict | None = None) -> bool:
+    """Whether the exercise checks run for a grade: nbgrader sets NBGRADER_EXECUTION for the kernels it runs,
+    "autograde" when grading, "validate" for the Validate button (both run the checks without the demo training
+    runs); COURSE_GRADING=1 says the same outside nbgrader."""
+    env = os.environ if env is None else env
+    return _truthy(env.get("COURSE_GRADING")) or env.get("NBGRADER_EXECUTION") in {"autograde", "validate"}
+
+
 def settings(env: dict | None = None) -> Settings:
     """The course's switches from the environment (``os.environ`` unless ``env``); raises ValueError for a
     value that is not one of the allowed ones."""
@@ -293,9 +301,7 @@ def detect(env: dict | None = None, cwd: str | os.PathLike | None = None) -> Run
     ``cwd`` unless given: where files go by default)."""
     env = dict(os.environ if env is None else env)
     platform = _detect_platform(env)
-    # nbgrader sets NBGRADER_EXECUTION for the kernels it runs: "autograde" when grading, "validate"
-    # for the Validate button; both run the exercise checks without the demo training runs
-    grading = _truthy(env.get("COURSE_GRADING")) or env.get("NBGRADER_EXECUTION") in {"autograde", "validate"}
+    grading = is_grading(env)
     num_cpus = psutil.cpu_count(logical=True) or 1
     try:  # respect CPU affinity / container limits where the OS tells us
         num_cpus = len(os.sched_getaffinity(0))

@@ -35,6 +35,7 @@ def tampered(tmp_path_factory):
     subs, out = tmp_path_factory.mktemp("tamper-submissions"), tmp_path_factory.mktemp("tamper-grading")
     reference = solution_answers(MODULE)
     first = next(gid for gid in reference if not gid.startswith("concept_"))
+    write_submission(subs, "reference", MODULE, reference)        # the control: every verdict can be earned
     write_submission(subs, "honest", MODULE, {**reference, **wrong_concepts()})
     for name, code in TAMPERS.items():
         if name in READS_KEYS and not jail_available():
@@ -50,11 +51,12 @@ def tampered(tmp_path_factory):
 @pytest.mark.slow
 def test_no_tamper_scores_more_than_the_same_answers_without_it(tampered):
     _, rows = tampered
+    assert rows["reference"]["score"] == rows["reference"]["max_score"], rows["reference"]
     honest = rows["honest"]
     assert honest["status"] == "graded" and 0 < float(honest["score"]) < float(honest["max_score"]), honest
     lost = float(honest["max_score"]) - float(honest["score"])
     assert lost == len(judged_outside(MODULE)), f"the honest student lost {lost} points, not one per concept question"
-    tampers = [s for s in rows if s != "honest"]
+    tampers = [s for s in rows if s not in ("honest", "reference")]
     assert len(tampers) >= len(TAMPERS) - len(READS_KEYS)
     gained = {s: rows[s]["score"] for s in tampers if float(rows[s]["score"]) > float(honest["score"])}
     assert not gained, f"tampers that gained points over {honest['score']}: {gained}"
@@ -63,8 +65,8 @@ def test_no_tamper_scores_more_than_the_same_answers_without_it(tampered):
 @pytest.mark.slow
 def test_every_tamper_is_listed_for_the_instructor_and_the_honest_student_is_not(tampered):
     _, rows = tampered
-    assert rows["honest"]["flags"] == ""
-    unlisted = [s for s, r in rows.items() if s != "honest" and not r["flags"]]
+    assert rows["honest"]["flags"] == rows["reference"]["flags"] == ""
+    unlisted = [s for s, r in rows.items() if s not in ("honest", "reference") and not r["flags"]]
     assert not unlisted, f"tampers missing from the flags column: {unlisted}"
 
 
@@ -73,3 +75,5 @@ def test_the_feedback_shows_the_verdicts_decided_outside_the_kernel(tampered):
     out, _ = tampered
     page = (out / "feedback" / "honest" / MODULE / f"{MODULE}.html").read_text(encoding="utf-8")
     assert VERDICT in page and "not quite" in page
+    page = (out / "feedback" / "reference" / MODULE / f"{MODULE}.html").read_text(encoding="utf-8")
+    assert f"{VERDICT}: Right." in page

@@ -1,0 +1,67 @@
+"""The verdicts decided outside the kernel (autograder/checks): evidence read only from its own cell, concept
+answers judged by their form and their key, and the scan that flags code reaching for the grading machinery."""
+import nbformat
+import pytest
+
+from autograder.checks import evidence, judge, judged_outside
+from autograder.checks.concepts import KEYS
+from autograder.checks.tamper import scan
+from coursekit.evidence import MIME, hand_in, plain
+
+
+def test_hand_in_shows_plain_data_only_when_grading(monkeypatch, capsys):
+    monkeypatch.delenv("COURSE_GRADING", raising=False)
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    hand_in("test_x", answer="a")
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    hand_in("test_x", answer={"b", "a"}, loss=float("nan"), shape=(2, 3))
+    out = capsys.readouterr().out
+    assert MIME in out and "'answer': ['a', 'b']" in out and "'loss': 'nan'" in out and "'shape': [2, 3]" in out
+    assert plain(object()).startswith("<object object")
+
+
+def _cell(grade_id, outputs):
+    cell = nbformat.v4.new_code_cell("")
+    cell.metadata["nbgrader"] = {"grade_id": grade_id, "grade": True}
+    cell.outputs = [nbformat.v4.new_output("display_data", data=d) for d in outputs]
+    return cell
+
+
+def test_evidence_counts_only_what_names_its_own_cell_last_one_wins():
+    mine = {MIME: {"grade_id": "test_a", "data": {"answer": "b"}}}
+    other = {MIME: {"grade_id": "test_b", "data": {"answer": "c"}}}
+    assert evidence(_cell("test_a", [mine])) == {"answer": "b"}
+    assert evidence(_cell("test_a", [other])) is None
+    assert evidence(_cell("test_a", [{MIME: {"grade_id": "test_a", "data": "b"}}])) is None   # not a dict
+    assert evidence(_cell("test_a", [mine, {MIME: {"grade_id": "test_a", "data": {"answer": "d"}}}])) == {"answer": "d"}
+    assert evidence(_cell("test_a", [{"text/plain": "answer recorded"}])) is None
+
+
+@pytest.mark.parametrize("module", sorted(KEYS))
+def test_every_concept_key_passes_its_own_form_and_a_wrong_or_missing_answer_fails(module):
+    assert set(KEYS[module]) <= judged_outside(module)
+    for gid, (key, why, several) in KEYS[module].items():
+        passed, message = judge(module, gid, {"answer": key})
+        assert passed and why in message, (gid, message)
+        wrong = next(x for x in "abcd" if x not in key)
+        assert judge(module, gid, {"answer": wrong}) == (False, f"not quite ({wrong!r}). Why: {why}")
+        assert not judge(module, gid, None)[0] and not judge(module, gid, {})[0]
+        assert not judge(module, gid, {"answer": ["a", "b"]})[0]          # not a string
+        assert not judge(module, gid, {"answer": "e"})[0]
+        if not several:
+            assert not judge(module, gid, {"answer": "a b"})[0]
+
+
+def test_scan_flags_reaching_for_the_grader_in_student_cells_only(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    answer = nbformat.v4.new_code_cell("x = model.eval()\nget_ipython().input_transformers_post.append(f)")
+    answer.metadata["nbgrader"] = {"grade_id": "train_step", "solution": True}
+    release = nbformat.v4.new_code_cell("import builtins  # the release's own cell")
+    release.metadata["nbgrader"] = {"grade_id": "code_1", "locked": True}
+    added = nbformat.v4.new_code_cell("import os\nif os.environ.get('COURSE_GRADING'): pass\ntorch.allclose = lambda *a: True")
+    nb.cells = [answer, release, added]
+    nbformat.write(nb, tmp_path / "n.ipynb")
+    found = scan(tmp_path / "n.ipynb")
+    assert [f.split(":")[0] for f in found] == ["train_step", "added cell 3", "added cell 3"], found
+    assert "IPython hooks" in found[0] and "grading environment" in found[1] and "patched libraries" in found[2]
