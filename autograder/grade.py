@@ -59,6 +59,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from autograder.checks import asked
 from autograder.checks.tamper import scan
 from autograder.collect import Found, collect
 from autograder.contain import jail_available, jail_missing_reason, run_limited, write_kernelspec
@@ -273,6 +274,7 @@ def run_job(f: Found, template: Path, jobs_base: Path, hide: list[Path], timeout
            "CUDA_VISIBLE_DEVICES": "", "COURSE_RECORD": "", "MPLBACKEND": "Agg",
            "JUPYTER_PATH": str(write_kernelspec(job, workdir, hide, REPO, [job / "runtime", job / "storage"])),
            "JUPYTER_RUNTIME_DIR": str(job / "runtime"), "PYTHONPATH": str(REPO),
+           "COURSE_ASKED": json.dumps(asked(f.module)),      # the hidden inputs the test cells run for the grader
            "PYTHONDONTWRITEBYTECODE": "1"}
     argv = [str(job), f.student, f.module, *([] if feedback else ["--no-feedback"])]
     outcome = run_limited(None if warm else [sys.executable, "-m", "autograder.worker", *argv], cwd=root, env=env,

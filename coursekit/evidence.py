@@ -1,26 +1,30 @@
 """What a graded test cell hands to the grader: plain data, judged outside your kernel.
 
 The course's grader never trusts what a kernel says about itself (an error or its absence, a printed
-"Success"): code that ran in a kernel can change what that kernel reports. A test cell therefore ends by
-handing in the values it measured (``hand_in``): JSON data, shown as an output of a MIME type of its own that
-JupyterLab does not draw. The grader reads that output from the graded notebook, in a process where no
-notebook code ever ran, and applies the checks there (the visible ones you see in the notebook and the hidden
-ones). Outside grading (``coursekit.runtime``'s ``grading``: nbgrader's autograde and Validate, ``COURSE_GRADING=1``)
-nothing is handed in.
+"Success"): code that ran in a kernel can change what that kernel reports. A test cell therefore hands in the
+values it measured (``hand_in``): JSON data (tensors as their dtype, shape and raw bytes), shown as an output of
+a MIME type of its own that JupyterLab does not draw. The grader reads that output from the graded notebook, in a
+process where no notebook code ever ran, and applies the checks there (the visible ones you see in the notebook
+and the hidden ones). ``asked`` is the other direction: the inputs the grader asks a test cell to run too (its
+hidden cases, which are not in the notebook). Outside grading (``coursekit.runtime.is_grading``: nbgrader's
+autograde and Validate, ``COURSE_GRADING=1``) nothing is handed in and nothing is asked.
 """
 from __future__ import annotations
 
+import base64
 import json
 import math
 
-from coursekit.runtime import is_grading
+from coursekit.runtime import is_grading, settings
 
 MIME = "application/vnd.ray-train-course.evidence+json"
+TENSOR = "__tensor__"      # the key that marks an encoded tensor: {TENSOR: dtype, "shape": [...], "bytes": base64}
 
 
 def plain(value):
-    """``value`` as JSON data: str, bool, int, float (finite, or the strings "nan"/"inf"/"-inf"), None, and lists
-    and string-keyed dicts of them; sets become sorted lists, tuples lists, and anything else its ``repr``."""
+    """``value`` as JSON data: str, bool, int, float (finite, or the strings "nan"/"inf"/"-inf"), None, lists and
+    string-keyed dicts of them, and tensors (``{"__tensor__": dtype, "shape", "bytes"}``, their values on the CPU);
+    sets become sorted lists, tuples lists, anything else its ``repr``."""
     if value is None or isinstance(value, (str, bool, int)):
         return value
     if isinstance(value, float):
@@ -31,7 +35,30 @@ def plain(value):
         return [plain(v) for v in value]
     if isinstance(value, (set, frozenset)):
         return sorted((plain(v) for v in value), key=repr)
+    import torch
+
+    if isinstance(value, torch.Tensor) and not value.is_meta and str(value.dtype).removeprefix("torch.") in DTYPES:
+        t = value.detach().to("cpu").contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        return {TENSOR: str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+                "bytes": base64.b64encode(raw).decode()}
     return repr(value)
+
+
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "uint8", "bool")
+
+
+def tensor(data):
+    """The tensor that ``plain`` encoded as ``data`` (a new CPU tensor made from the bytes, nothing unpickled);
+    ValueError for anything else."""
+    import torch
+
+    if not (isinstance(data, dict) and data.get(TENSOR) in DTYPES and isinstance(data.get("bytes"), str)):
+        raise ValueError(f"not an encoded tensor: {str(data)[:80]}")
+    dtype, shape = getattr(torch, data[TENSOR]), [int(n) for n in data["shape"]]
+    raw = bytearray(base64.b64decode(data["bytes"]))
+    flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    return flat.view(dtype).reshape(shape).clone()
 
 
 def hand_in(grade_id: str, **data) -> None:
@@ -42,3 +69,21 @@ def hand_in(grade_id: str, **data) -> None:
 
     payload = json.loads(json.dumps({"grade_id": grade_id, "data": plain(data)}))
     display({MIME: payload, "text/plain": f"handed in to the grader: {grade_id}"}, raw=True)
+
+
+def asked(grade_id: str) -> list:
+    """The inputs the grader asks this test cell to run besides its own (its hidden cases): a list, empty outside
+    grading."""
+    if not is_grading():
+        return []
+    value = settings().asked.get(grade_id, [])
+    return value if isinstance(value, list) else []
+
+
+def attempt(function, *args, **kwargs) -> dict:
+    """``{"value": function(*args, **kwargs), "error": None}``, or ``{"value": None, "error": "..."}`` when it
+    raised: what a test cell hands in about a run, whether or not it worked."""
+    try:
+        return {"value": function(*args, **kwargs), "error": None}
+    except Exception as e:  # noqa: BLE001  (the grader reports the failure, whatever it was)
+        return {"value": None, "error": f"{type(e).__name__}: {e}"[-2000:]}

@@ -22,6 +22,8 @@ and :func:`settings` the switches of the course's tools:
 ``COURSE_START_METHOD`` ``fork`` or ``spawn``: how ``coursekit.distributed.run_distributed`` starts its ranks
                         (default: fork, spawn where torch sees a GPU)
 ``COURSE_RECORD``       a JSON file that ``coursekit.results.record`` adds a notebook's figures to
+``COURSE_ASKED``        set by the grader: JSON {grade_id: [inputs]}, what test cells also run for the grader
+                        (``coursekit.evidence.asked``); its hidden inputs are not in the notebooks
 
 Where files go when neither ``COURSE_STORAGE`` nor ``COURSE_DATA`` says: inside the course's folder
 (``build/ray_results``, ``data/``) when the work runs there (the working directory is in it: its
@@ -31,6 +33,7 @@ notebooks, scripts, tests and make targets), else in the user's cache (``~/.cach
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -251,6 +254,7 @@ class Settings:
     ray_verbose: bool = False         # COURSE_RAY_VERBOSE: Ray's log lines unfiltered
     start_method: str | None = None   # COURSE_START_METHOD: fork | spawn, None to decide by the GPU
     record_file: str | None = None    # COURSE_RECORD: where record() adds a notebook's figures; None: nowhere
+    asked: dict = dataclasses.field(default_factory=dict)   # COURSE_ASKED: what the grader asks test cells to run
 
 
 def is_grading(env: dict | None = None) -> bool:
@@ -268,8 +272,12 @@ def settings(env: dict | None = None) -> Settings:
     start_method = env.get("COURSE_START_METHOD") or None
     if start_method not in {None, "fork", "spawn"}:
         raise ValueError(f"COURSE_START_METHOD={start_method!r} is not one of fork, spawn")
+    try:
+        asked = json.loads(env.get("COURSE_ASKED") or "{}")
+    except ValueError:
+        raise ValueError(f"COURSE_ASKED is not JSON: {env['COURSE_ASKED'][:80]!r}") from None
     return Settings(ray_verbose=_truthy(env.get("COURSE_RAY_VERBOSE")), start_method=start_method,
-                    record_file=env.get("COURSE_RECORD") or None)
+                    record_file=env.get("COURSE_RECORD") or None, asked=asked if isinstance(asked, dict) else {})
 
 
 def user_cache(env: dict | None = None) -> Path:

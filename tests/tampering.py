@@ -2,8 +2,9 @@
 
 Every tamper is code a student could put at the top of an answer cell (it then runs before every test cell):
 the kinds that gained points when every verdict came from the kernel (see autograder/checks/__init__.py). The
-honest student answers every concept question wrongly and every exercise with the reference; each tamper student
-does the same plus the tamper. Graded outside the kernel, no tamper may score more than the honest student.
+honest student answers every concept question wrongly and every exercise with a realistic mistake
+(tests/mistakes/01_ddp_pytorch.py's WRONG); each tamper student does the same plus the tamper. Graded outside the
+kernel, no tamper may score more than the honest student.
 """
 from __future__ import annotations
 
@@ -63,6 +64,18 @@ for _gid in ("test_concept_ddp_broadcast", "test_concept_sampler_seed", "test_co
              "test_concept_rank0_save"):
     _e.hand_in(_gid, answer="a b c d")
 _e.hand_in.__code__ = (lambda grade_id, **data: None).__code__
+''',
+    # the visible checks of the exercises made no-ops (in this kernel, and in every rank forked from it)
+    "replace_checks": '''
+import coursekit.exercise_checks.ddp as _checks, types as _types
+for _name, _f in list(vars(_checks).items()):
+    if isinstance(_f, _types.FunctionType) and _name.startswith("check_"):
+        _f.__code__ = (lambda *args, **kwargs: None).__code__
+''',
+    # the hidden inputs the grader asks for never run: only the notebook's own cases are handed in
+    "skip_hidden": '''
+import coursekit.evidence as _e
+_e.asked.__code__ = (lambda grade_id: []).__code__
 ''',
     # knowing it is graded, and looking for the keys where the grader keeps them
     "find_the_keys": '''

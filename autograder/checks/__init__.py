@@ -10,29 +10,52 @@ its verdict into the notebook that the feedback page is made from.
 
 What a student's code can still change is the data it hands in: to pass, that data has to be right.
 
-Judged here so far: every concept question of every module (``concepts``). The code exercises' hidden tests
-still run in the kernel; ``tamper.scan`` lists submissions that reach for the grading machinery.
+Judged here so far: every concept question of every module (``concepts``) and every code exercise of module 01
+(``ddp01``: its test cells hand in the runs, and run the hidden layouts the grader asks for, ``asked``). The other
+modules' code exercises still run their hidden tests in the kernel; ``tamper.scan`` lists submissions that reach
+for the grading machinery.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from autograder.checks import concepts
+from autograder.checks import concepts, ddp01
 from coursekit.evidence import MIME
 
 VERDICT = "Graded outside your kernel"
 
 
+# module -> its code exercises' checks here: CHECKS (grade_id -> check of the handed-in data, which raises
+# AssertionError or returns what passed) and ASKED (grade_id -> the hidden inputs its test cell runs when grading)
+CODE = {"01_ddp_pytorch": ddp01}
+
+
 def judged_outside(module: str) -> set[str]:
     """The grade_ids of ``module`` whose score is decided here."""
-    return set(concepts.KEYS.get(module, {}))
+    return set(concepts.KEYS.get(module, {})) | set(getattr(CODE.get(module), "CHECKS", {}))
+
+
+def asked(module: str) -> dict[str, list]:
+    """What the grader asks ``module``'s test cells to run besides their own inputs (``COURSE_ASKED``)."""
+    return dict(getattr(CODE.get(module), "ASKED", {}))
 
 
 def judge(module: str, grade_id: str, data: dict | None) -> tuple[bool, str]:
     """(passed, message) of one cell from its handed-in data (None: nothing was handed in)."""
     if grade_id in concepts.KEYS.get(module, {}):
         return concepts.judge(module, grade_id, data)
-    raise KeyError(f"{module}: {grade_id} is not judged outside the kernel")
+    check = getattr(CODE.get(module), "CHECKS", {}).get(grade_id)
+    if check is None:
+        raise KeyError(f"{module}: {grade_id} is not judged outside the kernel")
+    if data is None:
+        return False, ("the test cell handed in nothing: it did not run to its end (see its error above), or "
+                       "something stopped it")
+    try:
+        return True, f"passed: {check(data)}"
+    except AssertionError as e:
+        return False, str(e)
+    except Exception as e:  # noqa: BLE001  (data of the wrong shape: a failed check, never a crashed grader)
+        return False, f"the data this test cell handed in could not be checked ({type(e).__name__}: {e})"
 
 
 def evidence(cell) -> dict | None:
