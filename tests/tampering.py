@@ -12,7 +12,8 @@ TAMPERS = {
     # rewriting later cells before they run: every test cell becomes `pass`, or has its statements wrapped
     "input_transformer": '''
 ip = get_ipython()
-ip.input_transformers_post.append(lambda lines: ["pass\\n"] if any("record_answer" in l for l in lines) else lines)
+_marks = ("record_answer(", "hand_in", "checks.", "assert ")   # the test cells, then and now
+ip.input_transformers_post.append(lambda lines: ["pass\\n"] if any(m in l for l in lines for m in _marks) else lines)
 ''',
     "ast_transformer": '''
 import ast as _ast
