@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import numbers
 
 from coursekit.runtime import is_grading, settings
 
@@ -27,7 +28,10 @@ def plain(value):
     sets become sorted lists, tuples lists, anything else its ``repr``."""
     if value is None or isinstance(value, (str, bool, int)):
         return value
-    if isinstance(value, float):
+    if isinstance(value, numbers.Integral):      # numpy's integers too
+        return int(value)
+    if isinstance(value, numbers.Real) and not type(value).__module__.startswith("torch"):   # numpy's floats too
+        value = float(value)
         return value if math.isfinite(value) else repr(value)
     if isinstance(value, dict):
         return {str(k): plain(v) for k, v in value.items()}

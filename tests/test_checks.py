@@ -47,7 +47,8 @@ def test_every_concept_key_passes_its_own_form_and_a_wrong_or_missing_answer_fai
         wrong = next(x for x in "abcd" if x not in key)
         assert judge(module, gid, {"answer": wrong}) == (False, f"not quite ({wrong!r}). Why: {why}")
         assert not judge(module, gid, None)[0] and not judge(module, gid, {})[0]
-        assert not judge(module, gid, {"answer": ["a", "b"]})[0]          # not a string
+        assert judge(module, gid, {"answer": sorted(set(key.replace(",", " ").split()))})[0]   # a list of letters
+        assert not judge(module, gid, {"answer": 3})[0] and not judge(module, gid, {"answer": ""})[0]
         assert not judge(module, gid, {"answer": "e"})[0]
         if not several:
             assert not judge(module, gid, {"answer": "a b"})[0]
@@ -65,3 +66,21 @@ def test_scan_flags_reaching_for_the_grader_in_student_cells_only(tmp_path):
     found = scan(tmp_path / "n.ipynb")
     assert [f.split(":")[0] for f in found] == ["train_step", "added cell 3", "added cell 3"], found
     assert "IPython hooks" in found[0] and "grading environment" in found[1] and "patched libraries" in found[2]
+
+
+def test_modules_judged_outside_have_no_hidden_tests_and_no_cell_judged_in_the_kernel():
+    """In a module whose code exercises autograder/checks judges, every graded cell is judged there, no notebook
+    holds hidden tests, and what the grader asks the test cells to run names cells of the module."""
+    from autograder.checks import CODE, asked
+    from autograder.paths import SOLUTIONS
+
+    assert CODE, "no module's code exercises are judged outside the kernel"
+    for module in CODE:
+        nb = nbformat.read(SOLUTIONS / module / f"{module}.ipynb", as_version=4)
+        graded = {c.metadata["nbgrader"]["grade_id"] for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")}
+        assert graded == judged_outside(module), f"{module}: judged in the kernel: {graded - judged_outside(module)}"
+        assert not any("HIDDEN TESTS" in c.source for c in nb.cells), f"{module}: hidden tests in the notebook"
+        assert set(asked(module)) <= graded
+        for gid in asked(module):
+            cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == gid)
+            assert f'asked("{gid}")' in cell.source, f"{module}/{gid}: the test cell does not run what is asked"

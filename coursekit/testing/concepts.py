@@ -17,11 +17,12 @@ def letters(answer) -> frozenset:
 
 
 def answer_problem(answer, several: bool) -> str | None:
-    """What is wrong with the form of ``answer`` (None if nothing): a string of letters from a to d, exactly one
-    unless ``several``. The notebook's visible check and the grader both call this."""
+    """What is wrong with the form of ``answer`` (None if nothing): a string of letters from a to d (or a list or
+    set of them), exactly one unless ``several``. The notebook's visible check and the grader both call this."""
     example = 'e.g. "b" or "a d"' if several else 'e.g. "b"'
     want = "letters from a to d, separated by spaces" if several else "one letter: a, b, c or d"
-    if not isinstance(answer, str) or not answer.strip():
+    listed = isinstance(answer, (list, tuple, set, frozenset)) and all(isinstance(x, str) for x in answer)
+    if not (isinstance(answer, str) or listed) or not letters(answer):
         return f"answer with {want}, in a string ({example}); got {answer!r}"
     given = letters(answer)
     if not given <= set(LETTERS) or (not several and len(given) != 1):
