@@ -62,12 +62,17 @@ def test_no_solution_or_hidden_test_text_in_the_release():
 
 
 def test_each_module_has_graded_exercises_with_hidden_tests():
+    """Hidden tests in the notebook, or (the modules autograder/checks judges) in the grader, which asks the test
+    cells to run its hidden cases."""
+    from autograder.checks import CODE, asked
+
     for module in modules():
         nb = nbformat.read(REPO / "solutions" / module / f"{module}.ipynb", as_version=4)
         solutions = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
         tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
         assert len(solutions) >= 3 and len(tests) >= 3, module
-        assert sum("BEGIN HIDDEN TESTS" in c.source for c in tests) >= 3, module
+        hidden = len(asked(module)) if module in CODE else sum("BEGIN HIDDEN TESTS" in c.source for c in tests)
+        assert hidden >= 3, module
         assert all(c.metadata["nbgrader"]["locked"] and 1 <= c.metadata["nbgrader"]["points"] <= 3 for c in tests)
         test_ids = [c.metadata["nbgrader"]["grade_id"] for c in tests]
         for cell in solutions:
