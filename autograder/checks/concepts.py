@@ -3,6 +3,9 @@ may be given). Never released: the notebooks hand in the answer (``coursekit.tes
 ``judge`` checks it here, in the grader's process."""
 from __future__ import annotations
 
+import contextlib
+import io
+
 from coursekit.testing.concepts import answer_problem, check_concept
 
 KEYS: dict[str, dict[str, tuple[str, str, bool]]] = {
@@ -194,7 +197,8 @@ def judge(module: str, grade_id: str, data: dict | None) -> tuple[bool, str]:
     if problem:
         return False, problem
     try:
-        check_concept(data["answer"], key, why)
+        with contextlib.redirect_stdout(io.StringIO()):      # its "Right. ..." is the message returned here
+            check_concept(data["answer"], key, why)
     except AssertionError as e:
         return False, str(e)
     return True, f"Right. {why}"
