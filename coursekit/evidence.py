@@ -20,11 +20,13 @@ from coursekit.runtime import is_grading, settings
 
 MIME = "application/vnd.ray-train-course.evidence+json"
 TENSOR = "__tensor__"      # the key that marks an encoded tensor: {TENSOR: dtype, "shape": [...], "bytes": base64}
+ARRAY = "__ndarray__"      # a numpy array: {ARRAY: dtype.str, "shape", "bytes"}, or {ARRAY: "str", "shape", "values"}
 
 
 def plain(value):
     """``value`` as JSON data: str, bool, int, float (finite, or the strings "nan"/"inf"/"-inf"), None, lists and
-    string-keyed dicts of them, and tensors (``{"__tensor__": dtype, "shape", "bytes"}``, their values on the CPU);
+    string-keyed dicts of them, tensors (``{"__tensor__": dtype, "shape", "bytes"}``, their values on the CPU) and
+    numpy arrays (``{"__ndarray__": dtype, "shape", "bytes"}``, strings as their values);
     sets become sorted lists, tuples lists, anything else its ``repr``."""
     if value is None or isinstance(value, (str, bool, int)):
         return value
@@ -39,6 +41,15 @@ def plain(value):
         return [plain(v) for v in value]
     if isinstance(value, (set, frozenset)):
         return sorted((plain(v) for v in value), key=repr)
+    if type(value).__module__ == "numpy" and type(value).__name__ == "ndarray":
+        import numpy as np
+
+        if value.dtype.kind in "US":                 # strings: their values
+            return {ARRAY: "str", "shape": list(value.shape), "values": [str(v) for v in value.reshape(-1)]}
+        if value.dtype.kind in "biuf" and value.dtype.itemsize <= 8:
+            a = np.ascontiguousarray(value)
+            return {ARRAY: a.dtype.str, "shape": list(a.shape), "bytes": base64.b64encode(a.tobytes()).decode()}
+        return repr(value)
     import torch
 
     if isinstance(value, torch.Tensor) and not value.is_meta and str(value.dtype).removeprefix("torch.") in DTYPES:
@@ -63,6 +74,22 @@ def tensor(data):
     raw = bytearray(base64.b64decode(data["bytes"]))
     flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
     return flat.view(dtype).reshape(shape).clone()
+
+
+def array(data):
+    """The numpy array that ``plain`` encoded as ``data`` (made from the bytes or values, nothing unpickled);
+    ValueError for anything else."""
+    import numpy as np
+
+    if not (isinstance(data, dict) and isinstance(data.get(ARRAY), str)):
+        raise ValueError(f"not an encoded array: {str(data)[:80]}")
+    shape = [int(n) for n in data["shape"]]
+    if data[ARRAY] == "str":
+        return np.array([str(v) for v in data["values"]]).reshape(shape)
+    dtype = np.dtype(data[ARRAY])
+    if dtype.kind not in "biuf" or dtype.hasobject:
+        raise ValueError(f"not a numeric dtype: {data[ARRAY]}")
+    return np.frombuffer(base64.b64decode(data["bytes"]), dtype=dtype).reshape(shape).copy()
 
 
 def hand_in(grade_id: str, **data) -> None:

@@ -11,7 +11,7 @@ its verdict into the notebook that the feedback page is made from.
 What a student's code can still change is the data it hands in: to pass, that data has to be right.
 
 Judged here so far: every concept question of every module (``concepts``) and every code exercise of modules 01
-(``ddp01``) and 02 (``ray02``): their test cells hand in the runs and run the hidden cases the grader asks for
+(``ddp01``), 02 (``ray02``) and 03 (``data03``): their test cells hand in the runs and run the hidden cases the grader asks for
 (``asked``). The other modules' code exercises still run their hidden tests in the kernel; ``tamper.scan`` lists submissions that reach
 for the grading machinery.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autograder.checks import concepts, ddp01, ray02
+from autograder.checks import concepts, data03, ddp01, ray02
 from coursekit.evidence import MIME
 
 VERDICT = "Graded outside your kernel"
@@ -27,7 +27,7 @@ VERDICT = "Graded outside your kernel"
 
 # module -> its code exercises' checks here: CHECKS (grade_id -> check of the handed-in data, which raises
 # AssertionError or returns what passed) and ASKED (grade_id -> the hidden inputs its test cell runs when grading)
-CODE = {"01_ddp_pytorch": ddp01, "02_ray_train": ray02}
+CODE = {"01_ddp_pytorch": ddp01, "02_ray_train": ray02, "03_ray_data": data03}
 
 
 def judged_outside(module: str) -> set[str]:
