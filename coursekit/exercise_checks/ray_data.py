@@ -79,7 +79,7 @@ def check_columns(out: dict, given_after: dict) -> None:
 
 # ---------------------------------------------------------------- build_train_dataset
 # a plan described: {"type", "materialized", "steps": [{"op", "num_cpus", "compute", "size", "batch_size",
-# "batch_format"}], "input_files": [basenames], "check_files": [the basenames written]}
+# "batch_format"}], "input_files": [paths], "check_files": [the paths of the files written]}
 
 def describe_plan(ds, check_files: list = ()) -> dict:
     """The Dataset's logical plan from the read to the last step, described (plain data)."""
@@ -103,11 +103,11 @@ def describe_plan(ds, check_files: list = ()) -> dict:
                         batch_format=op.batch_format)
         described.append(step)
     try:
-        files = sorted(os.path.basename(str(f)) for f in ds.input_files())
+        files = sorted(os.path.realpath(str(f)) for f in ds.input_files())
     except Exception:  # noqa: BLE001  (a plan that cannot say: the check reports the files as unknown)
         files = None
     return {"type": "Dataset", "materialized": isinstance(ds, MaterializedDataset), "steps": described,
-            "input_files": files, "check_files": sorted(os.path.basename(str(f)) for f in check_files)}
+            "input_files": files, "check_files": sorted(os.path.realpath(str(f)) for f in check_files)}
 
 
 def _dataset(plan: dict, where: str) -> list:
