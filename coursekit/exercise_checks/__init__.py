@@ -3,5 +3,7 @@ the grader calls the same functions in its own process on the data your test cel
 (``coursekit.evidence``), together with its hidden checks. Every function here takes plain data (lists, numbers,
 strings, tensors) and raises ``AssertionError`` with what was expected.
 
-* ``ddp``: module 01 (``sharded_epochs``, ``train_step``, ``save_checkpoint``).
+* ``ddp``: module 01 (``sharded_epochs``, ``train_step``, ``save_checkpoint``);
+* ``ray_train``: module 02 (``scaling_config_for``, ``train_func``, ``build_trainer``, ``load_model``);
+* ``ray_data``: module 03 (``preprocess``, ``build_train_dataset``, ``make_trainer``, ``train_func``).
 """
