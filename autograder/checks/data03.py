@@ -5,6 +5,7 @@ on the notebook's cases and on those that only the grader knows (``ASKED``). The
 oracle's rows) and the single-process reference are made here, never taken from the kernel."""
 from __future__ import annotations
 
+from autograder.checks.references import reference_train_03
 from coursekit.evidence import array, tensor
 from coursekit.exercise_checks import ray_data as rd
 
@@ -94,7 +95,7 @@ def _run(data, what):
 
 def train_func_shard(data):
     run = _run(data, "on 4 workers (2 nodes x 2)")
-    diff = rd.check_shard_visible(run)
+    diff = rd.check_shard_visible(run, reference_train_03)
     rd.check_shard(run)
     return f"disjoint shards in batches of 8, the weights of one process (max |difference| {diff:.1e})"
 
@@ -102,13 +103,13 @@ def train_func_shard(data):
 def train_func_report(data):
     run = _run(data, "on 4 workers (2 nodes x 2)")
     rd.check_report_visible(run)
-    rd.check_report(run)
+    rd.check_report(run, reference_train_03)
     return "every worker reports the mean loss over all workers every epoch; only rank 0 a checkpoint"
 
 
 def train_func_one_worker(data):
     run = _run(data, "on 1 worker without a process group")
-    rd.check_one_worker(run)
+    rd.check_one_worker(run, reference_train_03)
     return "one worker trains like one process on the whole global batch"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 
+from autograder.checks.references import reference_steps
 from coursekit.evidence import tensor
 from coursekit.exercise_checks import ddp
 
@@ -73,7 +74,7 @@ def _steps(data, layout):
     ranks = _run(data, list(layout), "train_step")["value"]
     assert isinstance(ranks, list) and len(ranks) == ws, f"{len(ranks or [])} ranks handed in, expected {ws}"
     state0, batches = ddp.step_inputs(seed, steps, global_batch)
-    expected = ddp.reference_steps(state0, batches, lr=lr, momentum=momentum)
+    expected = reference_steps(state0, batches, lr=lr, momentum=momentum)
     states = [{k: tensor(v) for k, v in state.items()} for state, _ in ranks]
     return states, [returned for _, returned in ranks], expected
 

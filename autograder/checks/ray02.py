@@ -4,6 +4,7 @@ cases and on the hidden ones that only the grader knows (``ASKED``). The single-
 written into checkpoints are computed here, never taken from the kernel."""
 from __future__ import annotations
 
+from autograder.checks.references import reference_for
 from coursekit.evidence import tensor
 from coursekit.exercise_checks import ray_train as rt
 
@@ -80,8 +81,8 @@ def _decode_run(by_rank: list) -> list:
 
 def _runs(gid):
     visible, hidden = RUNS[gid]
-    check = {"test_train_func_same_weights": lambda r, c, n: rt.check_same_weights(r, c, local_world_size=n),
-             "test_train_func_reports": lambda r, c, n: rt.check_reports(r, c, local_world_size=n),
+    check = {"test_train_func_same_weights": lambda r, c, n: rt.check_same_weights(r, c, n, reference_for(c)),
+             "test_train_func_reports": lambda r, c, n: rt.check_reports(r, c, n, reference_for(c)),
              "test_train_func_uneven_batch": lambda r, c, n: rt.check_refused(r, c),
              "test_train_func_one_worker": lambda r, c, n: rt.check_one_worker(r, c),
              "test_train_func_device": lambda r, c, n: rt.check_device(r, c, local_world_size=n)}[gid]

@@ -105,23 +105,6 @@ def check_order(runs: list, world_size: int, cases: list) -> None:
 
 # ---------------------------------------------------------------- train_step
 
-def reference_steps(state_dict: dict, batches: list, lr: float, momentum: float = 0.0) -> tuple[dict, list]:
-    """SGD steps of ONE process, each on a whole global batch: what DDP steps must reproduce.
-
-    Returns the final weights and the loss of every step (measured before its update)."""
-    model = build_small_cnn()
-    model.load_state_dict(state_dict)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    losses = []
-    for images, labels in batches:
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(images), labels)   # the mean over the whole global batch
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
-
-
 def step_inputs(seed: int, steps: int, global_batch: int) -> tuple[dict, list]:
     """The starting weights and the global batches of a train_step check: the same from the same seed anywhere."""
     torch.manual_seed(seed)

@@ -1,12 +1,11 @@
 """Module 03's checks on plain data: what ``preprocess`` returned (and left of its inputs), the plan of the Dataset
 ``build_train_dataset`` built and the rows it gave, the TorchTrainer ``make_trainer`` built described field by field,
-and what each worker of ``train_func`` read and reported, against one process trained on the rows it was sent."""
+and what each worker of ``train_func`` read and reported, against one process trained on the rows it was sent
+(``reference_train(config, sent, per_worker_batch)``: the notebook's, or the grader's own)."""
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from coursekit.models import build_model
 
 # ---------------------------------------------------------------- preprocess
 
@@ -227,30 +226,6 @@ def oracle_columns() -> dict:
             "id": np.arange(len(digits))}
 
 
-def reference_train(config: dict, epochs: list, per_worker_batch: int):
-    """One process. `epochs[e][r]`: the rows (columns) worker r was sent in epoch e, in order. Each step trains
-    on the global batch made of every worker's next `per_worker_batch` rows. Returns the final weights and each
-    epoch's mean loss per example."""
-    torch.manual_seed(config["seed"])
-    model = build_model(config["model"])
-    optimizer = (torch.optim.SGD if config["optimizer"] == "sgd" else torch.optim.Adam)(
-        model.parameters(), lr=config["lr"])
-    criterion = torch.nn.CrossEntropyLoss()
-    losses = []
-    for shards in epochs:
-        total, count = 0.0, 0
-        for start in range(0, len(shards[0]["label"]), per_worker_batch):
-            images = torch.cat([torch.as_tensor(s["image"][start:start + per_worker_batch]) for s in shards])
-            labels = torch.cat([torch.as_tensor(s["label"][start:start + per_worker_batch]) for s in shards])
-            loss = criterion(model(images), labels)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            total, count = total + loss.item() * len(labels), count + len(labels)
-        losses.append(total / count)
-    return model.state_dict(), losses
-
-
 def max_difference(a: dict, b: dict) -> float:
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
@@ -263,7 +238,7 @@ def sent_rows(run: dict, epochs: int) -> list:
              for r in range(workers)] for e in range(epochs)]
 
 
-def check_shard_visible(run: dict) -> float:
+def check_shard_visible(run: dict, reference_train) -> float:
     """Each worker read its 'train' shard with iter_torch_batches once per epoch, and rank 0's last model equals
     one process trained on the global batches made of what the workers were sent. Returns the difference."""
     epochs, workers = ORACLE_CONFIG["epochs"], ORACLE_WORKERS
@@ -305,7 +280,7 @@ def check_report_visible(run: dict) -> list:
     return [m.get("loss") for m, _ in run["reports"][0]]
 
 
-def check_report(run: dict) -> None:
+def check_report(run: dict, reference_train) -> None:
     """Every rank reports every epoch, only rank 0 a checkpoint, the mean loss over all workers."""
     runs = run["reports"]
     epochs = ORACLE_CONFIG["epochs"]
@@ -328,7 +303,7 @@ def check_one_worker_visible(run: dict) -> None:
         f"{len(reports)} report(s), checkpoints: {[state is not None for _, state in reports]}")
 
 
-def check_one_worker(run: dict) -> None:
+def check_one_worker(run: dict, reference_train) -> None:
     """The only worker trains like one process on the same batches of the whole global batch."""
     check_one_worker_visible(run)
     reports, epochs = run["reports"][0], ONE_WORKER_CONFIG["epochs"]

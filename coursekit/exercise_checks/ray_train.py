@@ -6,60 +6,15 @@ from __future__ import annotations
 import numbers
 
 import torch
-from torch.utils.data import DataLoader
-from torch.utils.data.distributed import DistributedSampler
 
-from coursekit.data import load_digits
 from coursekit.models import build_model
 
 ORACLE_CONFIG = dict(epochs=2, global_batch_size=32, train_samples=256, lr=0.05,
                      model="small_cnn", optimizer="sgd", seed=0)
 
 
-def reference_train(config: dict) -> dict:
-    """Single-process training on the full global batch, in the distributed run's data order.
-
-    Returns the final weights ("state") and each epoch's mean training loss ("losses")."""
-    torch.manual_seed(config["seed"])
-    model = build_model(config["model"])
-    optimizer = (torch.optim.SGD if config["optimizer"] == "sgd" else torch.optim.Adam)(
-        model.parameters(), lr=config["lr"])
-    criterion = torch.nn.CrossEntropyLoss()
-    dataset = load_digits(train=True, limit=config["train_samples"], quiet=True).dataset()
-    sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True)  # one replica: plain randperm
-    loader = DataLoader(dataset, batch_size=config["global_batch_size"], sampler=sampler, drop_last=True)
-    losses = []
-    for epoch in range(config["epochs"]):
-        sampler.set_epoch(epoch)
-        step_losses = []
-        for images, labels in loader:
-            loss = criterion(model(images), labels)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            step_losses.append(loss.item())
-        losses.append(sum(step_losses) / len(step_losses))  # every step sees global_batch_size examples
-    return {"state": model.state_dict(), "losses": losses}
-
-
 def max_difference(a: dict, b: dict) -> float:
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
-
-
-_references: dict = {}
-
-
-def reference_for(config: dict) -> dict:
-    """reference_train(config), once per config, on one thread (as each rank runs; faster for this small model)."""
-    key = tuple(sorted(config.items()))
-    if key not in _references:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            _references[key] = reference_train(config)
-        finally:
-            torch.set_num_threads(threads)
-    return _references[key]
 
 
 # ---------------------------------------------------------------- scaling_config_for
@@ -140,13 +95,13 @@ def trained(by_rank: list, config: dict, local_world_size: int) -> list:
     return [out["reports"] for out in by_rank]
 
 
-def check_same_weights(by_rank: list, config: dict, local_world_size: int) -> str:
-    """Rank 0's last model.pt equals one process trained on the full global batch (reference_train)."""
+def check_same_weights(by_rank: list, config: dict, local_world_size: int, reference: dict) -> str:
+    """Rank 0's last model.pt equals one process trained on the full global batch (``reference``: the weights
+    "state" and each epoch's mean loss "losses" of that process)."""
     reports = trained(by_rank, config, local_world_size)
     last = reports[0][-1][1] if reports[0] else None
     assert last is not None, ("world rank 0 attaches a checkpoint with model.pt to its last report; the check "
                               f"compares its weights, but rank 0 reported {[m for m, _ in reports[0]]} without one")
-    reference = reference_for(config)
     state = {k.removeprefix("module."): v for k, v in last.items()}   # the keys are check_reports' business
     assert sorted(state) == sorted(reference["state"]), (
         f"model.pt should hold {config['model']}'s weights {sorted(reference['state'])}, got {sorted(state)}")
@@ -159,7 +114,7 @@ def check_same_weights(by_rank: list, config: dict, local_world_size: int) -> st
             f"batch (max |difference| {diff:.1e})")
 
 
-def check_reports(by_rank: list, config: dict, local_world_size: int) -> str:
+def check_reports(by_rank: list, config: dict, local_world_size: int, reference: dict) -> str:
     """Every worker reports every epoch the mean loss over all workers; only world rank 0 attaches a checkpoint,
     whose model.pt loads into a plain model."""
     reports = trained(by_rank, config, local_world_size)
@@ -183,7 +138,7 @@ def check_reports(by_rank: list, config: dict, local_world_size: int) -> str:
         assert max(losses) - min(losses) < 1e-6, (
             f"epoch {epoch}: the workers reported different losses {losses}; the loss over all workers is one "
             "number, the same on every worker (add the sums up with dist.all_reduce)")
-    mean_loss = reference_for(config)["losses"][0]
+    mean_loss = reference["losses"][0]
     assert abs(reports[0][0][0]["loss"] - mean_loss) < 1e-5, (
         f"epoch 0: the workers reported {reports[0][0][0]['loss']:.6f}, but the mean training loss over all workers "
         f"is {mean_loss:.6f} (a sum over workers, or the mean of the last batch, is not)")

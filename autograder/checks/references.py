@@ -1,0 +1,95 @@
+"""The references the grader computes itself, in its own process (never taken from a kernel): the same code as
+the notebooks' reference cells, which students read below the exercises (module 01's reference_steps, module 02's
+and module 03's reference_train). Not in coursekit: a student's release must not hold a line of an answer."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from coursekit.data import load_digits
+from coursekit.models import build_model, build_small_cnn
+
+
+def reference_steps(state_dict: dict, batches: list, lr: float, momentum: float = 0.0) -> tuple[dict, list]:
+    """SGD steps of ONE process, each on a whole global batch: what DDP steps must reproduce.
+
+    Returns the final weights and the loss of every step (measured before its update)."""
+    model = build_small_cnn()
+    model.load_state_dict(state_dict)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    losses = []
+    for images, labels in batches:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(images), labels)   # the mean over the whole global batch
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
+
+
+def reference_train_02(config: dict) -> dict:
+    """Single-process training on the full global batch, in the distributed run's data order.
+
+    Returns the final weights ("state") and each epoch's mean training loss ("losses")."""
+    torch.manual_seed(config["seed"])
+    model = build_model(config["model"])
+    optimizer = (torch.optim.SGD if config["optimizer"] == "sgd" else torch.optim.Adam)(
+        model.parameters(), lr=config["lr"])
+    criterion = torch.nn.CrossEntropyLoss()
+    dataset = load_digits(train=True, limit=config["train_samples"], quiet=True).dataset()
+    sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True)  # one replica: plain randperm
+    loader = DataLoader(dataset, batch_size=config["global_batch_size"], sampler=sampler, drop_last=True)
+    losses = []
+    for epoch in range(config["epochs"]):
+        sampler.set_epoch(epoch)
+        step_losses = []
+        for images, labels in loader:
+            loss = criterion(model(images), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            step_losses.append(loss.item())
+        losses.append(sum(step_losses) / len(step_losses))  # every step sees global_batch_size examples
+    return {"state": model.state_dict(), "losses": losses}
+
+
+_references: dict = {}
+
+
+def reference_for(config: dict) -> dict:
+    """reference_train_02(config), once per config, on one thread (as each rank runs; faster for this small model)."""
+    key = tuple(sorted(config.items()))
+    if key not in _references:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            _references[key] = reference_train_02(config)
+        finally:
+            torch.set_num_threads(threads)
+    return _references[key]
+
+
+def reference_train_03(config: dict, epochs: list, per_worker_batch: int):
+    """One process. `epochs[e][r]`: the rows (columns) worker r was sent in epoch e, in order. Each step trains
+    on the global batch made of every worker's next `per_worker_batch` rows. Returns the final weights and each
+    epoch's mean loss per example."""
+    torch.manual_seed(config["seed"])
+    model = build_model(config["model"])
+    optimizer = (torch.optim.SGD if config["optimizer"] == "sgd" else torch.optim.Adam)(
+        model.parameters(), lr=config["lr"])
+    criterion = torch.nn.CrossEntropyLoss()
+    losses = []
+    for shards in epochs:
+        total, count = 0.0, 0
+        for start in range(0, len(shards[0]["label"]), per_worker_batch):
+            images = torch.cat([torch.as_tensor(s["image"][start:start + per_worker_batch]) for s in shards])
+            labels = torch.cat([torch.as_tensor(s["label"][start:start + per_worker_batch]) for s in shards])
+            loss = criterion(model(images), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total, count = total + loss.item() * len(labels), count + len(labels)
+        losses.append(total / count)
+    return model.state_dict(), losses
