@@ -80,8 +80,9 @@ def check_columns(out: dict, given_after: dict) -> None:
 # a plan described: {"type", "materialized", "steps": [{"op", "num_cpus", "compute", "size", "batch_size",
 # "batch_format"}], "input_files": [paths], "check_files": [the paths of the files written]}
 
-def describe_plan(ds, check_files: list = ()) -> dict:
-    """The Dataset's logical plan from the read to the last step, described (plain data)."""
+def describe_plan(ds, check_files: list | None = None) -> dict:
+    """The Dataset's logical plan from the read to the last step, described (plain data); with ``check_files``,
+    also the files it reads and those (only then does Ray Data list the files)."""
     import os
 
     import ray
@@ -101,12 +102,15 @@ def describe_plan(ds, check_files: list = ()) -> dict:
                         size=getattr(op.compute, "size", None), batch_size=op.batch_size,
                         batch_format=op.batch_format)
         described.append(step)
-    try:
-        files = sorted(os.path.realpath(str(f)) for f in ds.input_files())
-    except Exception:  # noqa: BLE001  (a plan that cannot say: the check reports the files as unknown)
-        files = None
+    files = None
+    if check_files is not None:
+        try:
+            files = sorted(os.path.realpath(str(f)) for f in ds.input_files())
+        except Exception:  # noqa: BLE001  (a plan that cannot say: the check reports the files as unknown)
+            files = None
     return {"type": "Dataset", "materialized": isinstance(ds, MaterializedDataset), "steps": described,
-            "input_files": files, "check_files": sorted(os.path.realpath(str(f)) for f in check_files)}
+            "input_files": files,
+            "check_files": None if check_files is None else sorted(os.path.realpath(str(f)) for f in check_files)}
 
 
 def _dataset(plan: dict, where: str) -> list:
@@ -143,7 +147,7 @@ def check_plan_visible(plan: dict) -> None:
 def check_plan(plan: dict) -> None:
     """Lazy, a read then one map_batches of dicts of arrays, over the Parquet files of the folder given."""
     check_plan_visible(plan)
-    assert plan["input_files"] == plan["check_files"], (
+    assert plan["check_files"] and plan["input_files"] == plan["check_files"], (
         f"expected the Parquet files of the folder given (parquet_dir), {plan['check_files']}; the plan reads "
         f"{plan['input_files']}")
     assert plan["steps"][1]["batch_format"] in ("numpy", "default"), (
