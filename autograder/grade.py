@@ -26,12 +26,17 @@ What happens:
    exactly what is contained and what is not). A submission past the time limit is "timed
    out" (score 0); a kernel that dies (``os._exit``, a segfault) or is killed for using more
    than the memory limit is "kernel died" (score 0); nbgrader failing on the notebook for
-   another reason is "invalid notebook" (score 0, the error in the detail column).
+   another reason is "invalid notebook" (score 0, the error in the detail column). Its kernel runs with
+   ``COURSE_ASKED`` (the hidden cases its test cells run, ``autograder.checks.asked``); after nbgrader has run
+   the notebook, the job's own process, where no notebook code ran, decides the score of every cell that
+   ``autograder.checks`` judges from the plain data the cell handed in, whatever the kernel reported. The
+   pre-check also lists the lines of the student's own cells that reach for the grading machinery (the
+   ``flags`` column, ``autograder.checks.tamper``; it decides nothing).
 5. The parent (only it) merges each result into the main gradebook, copies the HTML feedback
    to ``OUT/feedback/<student>/<module>/<module>.html`` and writes ``OUT/grades.csv``:
    one row per (student, module) expected (every student found or listed in ``--students`` x
    every module graded) with columns student, module, score, max_score, status, seconds,
-   detail; status is one of graded, timed out, kernel died, invalid notebook, tests modified,
+   detail, flags; status is one of graded, timed out, kernel died, invalid notebook, tests modified,
    missing. ``OUT/timings.json`` has grading seconds per submission per module.
 
 Reruns are incremental: a (student, module) whose submission folder, module source, nbgrader config
