@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from coursekit.exercise_checks.ray_train import max_difference
+
 
 # ---------------------------------------------------------------- preprocess
 
@@ -228,10 +230,6 @@ def oracle_columns() -> dict:
     digits = load_digits(train=True, limit=ORACLE_ROWS, quiet=True)
     return {"image": normalize(digits.images).numpy(), "label": digits.labels.numpy().astype(np.int64),
             "id": np.arange(len(digits))}
-
-
-def max_difference(a: dict, b: dict) -> float:
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
 def sent_rows(run: dict, epochs: int) -> list:
