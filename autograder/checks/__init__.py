@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autograder.checks import concepts, data03, ddp01, ray02
+import importlib
+
+from autograder.checks import concepts
 from coursekit.evidence import MIME
 
 VERDICT = "Graded outside your kernel"
@@ -27,7 +29,12 @@ VERDICT = "Graded outside your kernel"
 
 # module -> its code exercises' checks here: CHECKS (grade_id -> check of the handed-in data, which raises
 # AssertionError or returns what passed) and ASKED (grade_id -> the hidden inputs its test cell runs when grading)
-CODE = {"01_ddp_pytorch": ddp01, "02_ray_train": ray02, "03_ray_data": data03}
+# (one file here per module: ddp01, ray02, data03, ft04, fsdp05, ds06, scale07; a module without its file yet is
+# judged in the kernel)
+FILES = {"01_ddp_pytorch": "ddp01", "02_ray_train": "ray02", "03_ray_data": "data03", "04_fault_tolerance": "ft04",
+         "05_fsdp2": "fsdp05", "06_deepspeed": "ds06", "07_scaling_up": "scale07"}
+CODE = {module: importlib.import_module(f"autograder.checks.{name}") for module, name in FILES.items()
+        if (Path(__file__).parent / f"{name}.py").exists()}
 
 
 def judged_outside(module: str) -> set[str]:
