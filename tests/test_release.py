@@ -62,8 +62,8 @@ def test_no_solution_or_hidden_test_text_in_the_release():
 
 
 def test_each_module_has_graded_exercises_with_hidden_tests():
-    """Hidden tests in the notebook, or (the modules autograder/checks judges) in the grader, which asks the test
-    cells to run its hidden cases."""
+    """Hidden tests in the notebook, or (the modules autograder/checks judges) in the grader: the hidden cases it asks
+    the test cells to run (ASKED), and the cells whose checks there demand more than the visible ones (HIDDEN_CHECKS)."""
     from autograder.checks import CODE, asked
 
     for module in modules():
@@ -71,7 +71,8 @@ def test_each_module_has_graded_exercises_with_hidden_tests():
         solutions = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
         tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
         assert len(solutions) >= 3 and len(tests) >= 3, module
-        hidden = len(asked(module)) if module in CODE else sum("BEGIN HIDDEN TESTS" in c.source for c in tests)
+        hidden = (len(set(asked(module)) | set(getattr(CODE[module], "HIDDEN_CHECKS", ()))) if module in CODE
+                  else sum("BEGIN HIDDEN TESTS" in c.source for c in tests))
         assert hidden >= 3, module
         assert all(c.metadata["nbgrader"]["locked"] and 1 <= c.metadata["nbgrader"]["points"] <= 3 for c in tests)
         test_ids = [c.metadata["nbgrader"]["grade_id"] for c in tests]

@@ -93,3 +93,70 @@ def reference_train_03(config: dict, epochs: list, per_worker_batch: int):
             total, count = total + loss.item() * len(labels), count + len(labels)
         losses.append(total / count)
     return model.state_dict(), losses
+
+
+# -- module 07: the colleague's script (the notebook's section 5, which students read above the capstone) ----------
+
+class _Block(torch.nn.Module):
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(width, hidden, bias=False)
+        self.fc2 = torch.nn.Linear(hidden, width, bias=False)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(x)))
+
+
+class DigitNet(torch.nn.Module):
+    """Module 07's DigitNet, parameter for parameter (the same names, shapes and initialisation order)."""
+
+    def __init__(self, width: int, depth: int, hidden: int):
+        super().__init__()
+        self.embed = torch.nn.Linear(28 * 28, width)
+        self.layers = torch.nn.ModuleList(_Block(width, hidden) for _ in range(depth))
+        self.head = torch.nn.Linear(width, 10)
+
+    def forward(self, images):
+        x = self.embed(images.flatten(1))
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def digitnet_params(config: dict) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in DigitNet(config["width"], config["depth"], config["hidden"]).parameters())
+
+
+_CAPSTONE: dict = {}
+
+
+def reference_capstone(config: dict) -> tuple[list, dict]:
+    """Module 07's script on one process (CPU): each epoch's mean loss and the final weights (cached per config)."""
+    import json
+
+    from torch.utils.data import RandomSampler
+
+    key = json.dumps(config, sort_keys=True)
+    if key not in _CAPSTONE:
+        torch.manual_seed(config["seed"])
+        net = DigitNet(config["width"], config["depth"], config["hidden"])
+        adamw = torch.optim.AdamW(net.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
+        train_set = load_digits(train=True, limit=config["train_samples"], quiet=True).dataset()
+        order = torch.Generator()
+        batches = DataLoader(train_set, batch_size=config["batch_size"],
+                             sampler=RandomSampler(train_set, generator=order), drop_last=True)
+        history = []
+        for epoch in range(config["epochs"]):
+            order.manual_seed(config["seed"] + epoch)
+            loss_sum, seen = 0.0, 0
+            for images, labels in batches:
+                loss = F.cross_entropy(net(images), labels)
+                adamw.zero_grad()
+                loss.backward()
+                adamw.step()
+                loss_sum += loss.item() * len(labels)
+                seen += len(labels)
+            history.append(loss_sum / seen)
+        _CAPSTONE[key] = (history, {k: v.detach().clone() for k, v in net.state_dict().items()})
+    return _CAPSTONE[key]
