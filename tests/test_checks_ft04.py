@@ -1,0 +1,151 @@
+"""Module 04's checks outside the kernel (autograder/checks/ft04.py), on data made here: the reference answers and
+the mistakes of tests/mistakes/04_fault_tolerance.py for the exercises whose objects are only described (the
+RunConfig, the Tuner), the reference run the grader trains itself, and the reference functions it sends."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from autograder.checks import ft04, judge
+from coursekit.evidence import plain
+from coursekit.exercise_checks import fault_tolerance as ft
+
+MODULE = "04_fault_tolerance"
+MISTAKES = Path(__file__).parent / "mistakes" / f"{MODULE}.py"
+
+
+def _answers():
+    spec = importlib.util.spec_from_file_location("mistakes_04", MISTAKES)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _define(code: str) -> dict:
+    """An answer cell's code run with the notebook's names it uses."""
+    import ray
+    import ray.train
+    from ray import tune
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig
+    from ray.tune.schedulers import ASHAScheduler
+
+    space = dict(ray=ray, tune=tune, RunConfig=RunConfig, FailureConfig=FailureConfig,
+                 CheckpointConfig=CheckpointConfig, ASHAScheduler=ASHAScheduler)
+    exec(code, space)
+    return space
+
+
+def _reference(gid: str) -> str:
+    from autograder.samples import solution_answers
+
+    return solution_answers(MODULE)[gid]
+
+
+def _run_config_data(make_run_config, cases) -> dict:
+    configs = []
+    for case in cases:
+        with tempfile.TemporaryDirectory() as d:
+            name, retries, keep, metric, mode = case
+            try:
+                rc = make_run_config(name, d, max_retries=retries, keep=keep, metric=metric, mode=mode)
+                configs.append({"case": list(case), "value": ft.describe_run_config(rc, d), "error": None})
+            except Exception as e:  # noqa: BLE001
+                configs.append({"case": list(case), "value": None, "error": f"{type(e).__name__}: {e}"})
+    return json.loads(json.dumps(plain({"configs": configs})))
+
+
+RUN_CONFIG_VISIBLE = {"test_make_run_config_failures": [["demo", 2, 4, "accuracy", "max"],
+                                                        ["demo", None, 4, "accuracy", "max"]],
+                      "test_make_run_config_keep": [["demo", 2, 3, None, "max"]],
+                      "test_make_run_config_score": [["demo", 2, 2, "error_rate", "min"]]}
+
+
+def _run_config_verdicts(code: str) -> dict:
+    make = _define(code)["make_run_config"]
+    return {gid: judge(MODULE, gid, _run_config_data(make, [*visible, *ft04.ASKED[gid]]))[0]
+            for gid, visible in RUN_CONFIG_VISIBLE.items()}
+
+
+def _cases():
+    mod = _answers()
+    wrong = [w for w in [mod.WRONG, *mod.MORE_WRONG]]
+    return mod, wrong
+
+
+def test_make_run_config_reference_and_right_pass_and_each_mistake_loses_its_cells():
+    mod, wrongs = _cases()
+    assert all(_run_config_verdicts(_reference("make_run_config")).values())
+    assert all(_run_config_verdicts(mod.RIGHT["make_run_config"]).values())
+    for wrong in wrongs:
+        if "make_run_config" not in wrong:
+            continue
+        code, keeps = wrong["make_run_config"]
+        verdicts = _run_config_verdicts(code)
+        assert {gid for gid, passed in verdicts.items() if passed} == set(keeps), (code, verdicts)
+
+
+def _tuner_data(build_tuner, cases) -> dict:
+    def never_run(config):
+        pass
+
+    tuners = []
+    for case in cases:
+        num_samples, max_epochs, min_epochs, lr_range, batch_sizes, name = case[:6]
+        with tempfile.TemporaryDirectory() as d:
+            try:
+                tuner = build_tuner(never_run, num_samples=num_samples, max_epochs=max_epochs, min_epochs=min_epochs,
+                                    lr_range=tuple(lr_range), storage_path=d, name=name,
+                                    batch_sizes=tuple(batch_sizes) if case[6:] == [True] else list(batch_sizes))
+                tuners.append({"case": list(case), "value": ft.describe_tuner(tuner, never_run, d), "error": None})
+            except Exception as e:  # noqa: BLE001
+                tuners.append({"case": list(case), "value": None, "error": f"{type(e).__name__}: {e}"})
+    return json.loads(json.dumps(plain({"tuners": tuners})))
+
+
+def _tuner_verdicts(code: str) -> dict:
+    build = _define(code)["build_tuner"]
+    return {gid: judge(MODULE, gid, _tuner_data(build, [ft04.VISIBLE_TUNER, *ft04.ASKED[gid]]))[0]
+            for gid in ("test_build_tuner_search", "test_build_tuner_asha")}
+
+
+def test_build_tuner_reference_and_right_pass_and_each_mistake_loses_its_cells():
+    mod, wrongs = _cases()
+    assert all(_tuner_verdicts(_reference("build_tuner")).values())
+    assert all(_tuner_verdicts(mod.RIGHT["build_tuner"]).values())
+    for wrong in wrongs:
+        if "build_tuner" not in wrong:
+            continue
+        code, keeps = wrong["build_tuner"]
+        verdicts = _tuner_verdicts(code)
+        assert {gid for gid, passed in verdicts.items() if passed} == set(keeps), (code, verdicts)
+
+
+def test_nothing_handed_in_fails_every_cell_with_a_message():
+    for gid in ft04.CHECKS:
+        passed, message = judge(MODULE, gid, {})
+        assert not passed and message, gid
+
+
+def test_the_reference_functions_sent_to_the_kernel_are_the_solutions_answers():
+    """What the grader sends (ASKED) behaves as the solution's cells: the same names, the same file names."""
+    source = ft04.ASKED["test_resume_epoch"][0]
+    for name in ("save_training_state", "load_training_state", "resume"):
+        assert f"def {name}(" in source
+    assert '"state.pt"' in source and 'f"rng_rank_{rank}.pt"' in source
+    assert ft.STATE_FILE == "state.pt"
+
+
+@pytest.mark.slow
+def test_the_grader_trains_the_reference_run_itself():
+    """3 epochs on 4 ranks (2 nodes x 2) from the notebook's own train_func and the reference functions."""
+    from autograder.checks import ft04_reference as ref
+
+    run = ref.uninterrupted()
+    assert [[r.epoch for r in rank] for rank in run] == [[0, 1, 2]] * 4
+    state = ref.saved_state(0)
+    assert state["epoch"] == 0 and sorted(state["model"]) == sorted(ref.final_weights())
+    assert not ref.saved_rng(0, 0).equal(ref.saved_rng(0, 1))       # every rank its own stream
