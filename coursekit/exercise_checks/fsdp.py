@@ -1,0 +1,235 @@
+"""Module 05's visible checks on plain data (``coursekit.evidence.plain``): each rank's sharded model described
+(its units, placements, options, dtypes), what the ranks reported and wrote (``save_and_report``,
+``export_full_state_dict``), the state a restore put back, the facts and peaks of ``build_on_meta``, and the layout
+and collectives of ``shard_hybrid``. The notebook calls these functions in your kernel; the grader calls the same
+ones in its own process on the data your test cells handed in, with its hidden checks."""
+from __future__ import annotations
+
+import ast
+import hashlib
+
+WORLD_SIZE, PER_NODE = 4, 2                       # the checks' 4 processes, 2 simulated nodes x 2 ranks
+TINY = dict(depth=2, width=32, heads=4, patch=7, lr=1e-2, seed=0)
+SHARDED = ["(Shard(dim=0),)", WORLD_SIZE, "cpu"]  # placements, mesh size, mesh device type
+BF16_UNIT = {"param_dtype": "torch.bfloat16", "reshard_after_forward": False}
+DEFAULT_UNIT = {"param_dtype": None, "reshard_after_forward": True}
+HYBRID = ["(Replicate(), Shard(dim=0))"]          # replicated over the mesh's first dimension, sharded over its second
+
+
+def value_of(run: dict | None, what: str):
+    """The value of a handed-in ``attempt`` (``{"value", "error"}``), or AssertionError with its error."""
+    if not isinstance(run, dict) or ("value" not in run and "error" not in run):
+        raise AssertionError(f"the test cell handed in no result of {what}: run its cells in order, without errors, "
+                             "up to the end of the test cell")
+    if run.get("error"):
+        raise AssertionError(f"{what} failed: {str(run['error'])[-1500:]}")
+    return run["value"]
+
+
+def tensors(data: dict) -> dict:
+    """name -> tensor of a handed-in dict of encoded tensors (``plain``)."""
+    from coursekit.evidence import tensor
+
+    return {k: tensor(v) for k, v in data.items()}
+
+
+def max_difference(a: dict, b: dict) -> float:
+    """The largest |difference| between the tensors of ``a`` and ``b`` (the keys of ``a``)."""
+    return max(((a[k].double() - b[k].double()).abs().max().item() if a[k].numel() else 0.0) for k in a)
+
+
+def digests(state: dict) -> dict:
+    """name -> sha256 of a tensor's dtype, shape and bytes: equal digests, equal tensors (bit for bit)."""
+    import torch
+
+    out = {}
+    for k, t in state.items():
+        if not isinstance(t, torch.Tensor) or type(t) is not torch.Tensor:
+            out[k] = f"not a plain tensor: {type(t).__name__}"
+            continue
+        t = t.detach().to("cpu").contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        out[k] = hashlib.sha256(f"{t.dtype}{list(t.shape)}".encode() + raw).hexdigest()
+    return out
+
+
+def build_vit(config: dict):
+    """The course ViT with the shape in ``config``, initialised from ``config['seed']`` (the notebook's
+    build_vit_from)."""
+    import torch
+
+    from coursekit.models import ViT
+
+    torch.manual_seed(config["seed"])
+    return ViT(depth=config["depth"], width=config["width"], heads=config["heads"], patch=config["patch"])
+
+
+# ---------------------------------------------------------------- Exercise 1: setup_fsdp
+# facts (one rank's model, described): {"root", "blocks": unit options or None, "placements": {name: [placements,
+# mesh size, mesh type] or "not a DTensor"}, "optimizer_holds_model_params", "lr", "sharded_dtypes",
+# "optimizer_state"}; bf16 facts also "logits_dtype"
+
+def mesh_type_literals(source: str | None) -> list:
+    """The string literals passed as init_device_mesh's device type in ``source`` (a function's code)."""
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(source or ""))
+    except SyntaxError:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "init_device_mesh":
+            kind = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "device_type"), None)
+            if isinstance(kind, ast.Constant):
+                found.append(kind.value)
+    return found
+
+
+def unsharded(facts: dict) -> dict:
+    return {k: v for k, v in facts["placements"].items() if v != SHARDED}
+
+
+def check_setup(facts: dict) -> None:
+    """A unit per block and one for the root, every parameter a DTensor split along dim 0 over all ranks on the
+    device's mesh, the optimizer over the sharded parameters."""
+    assert facts["root"] is not None and facts["blocks"] and all(facts["blocks"]), (
+        "call fully_shard on each block in model.blocks, then on the whole model: the units found (None: not a unit) "
+        f"are blocks {facts['blocks']}, root {facts['root']}")
+    assert not unsharded(facts), (
+        f"every parameter must be a DTensor split along dim 0 over all {WORLD_SIZE} ranks of the 2 nodes, on the mesh "
+        f"of device.type ('cpu' here): {SHARDED}; got {dict(list(unsharded(facts).items())[:3])}")
+    assert facts["optimizer_holds_model_params"], (
+        "the optimizer does not hold the model's parameters: fully_shard replaced them with DTensors, so an optimizer "
+        "created before it updates tensors the model no longer uses. Create the AdamW AFTER fully_shard.")
+
+
+def check_mesh_type(source: str | None) -> None:
+    """The mesh's device type is not a string literal in the code."""
+    literals = mesh_type_literals(source)
+    assert not literals, (
+        f"the mesh's device type must come from `device` (device.type), not the literal {literals}: the same code "
+        "runs on CPU workers ('cpu') and GPU workers ('cuda')")
+
+
+def check_options(bf16_facts: dict) -> None:
+    """With BF16_OPTIONS every unit, the blocks' and the root's, has the bf16 policy and keeps its weights."""
+    assert bf16_facts["blocks"] and all(b == BF16_UNIT for b in bf16_facts["blocks"]) \
+        and bf16_facts["root"] == BF16_UNIT, (
+            "pass **fsdp_kwargs to every fully_shard call, the blocks' and the root's: with BF16_OPTIONS each unit must "
+            f"have {BF16_UNIT}; got blocks {bf16_facts['blocks']}, root {bf16_facts['root']}")
+
+
+# ---------------------------------------------------------------- Exercise 2: save_and_report
+# reports[rank] = [{"metrics", "files": the names of its checkpoint's files, or None}] (one per report)
+
+def check_reports(reports: list) -> None:
+    """Every rank reports once, the metrics given, with a checkpoint."""
+    for rank, rank_reports in enumerate(reports):
+        assert len(rank_reports) == 1, f"rank {rank} must call ray.train.report exactly once, not {len(rank_reports)} times"
+        assert rank_reports[0]["metrics"] == {"epoch": 4, "loss": 0.5}, \
+            f"rank {rank}: report the metrics you were given, not {rank_reports[0]['metrics']}"
+        assert rank_reports[0]["files"] is not None, \
+            f"rank {rank} must report a checkpoint: every rank holds different shards"
+
+
+# ---------------------------------------------------------------- Exercise 3: restore_checkpoint
+
+def check_restored(next_epoch, saved_epoch: int, restored_params: dict, saved_params: dict) -> None:
+    """Rank 0 of the new run returns the saved epoch + 1 and holds the saved weights."""
+    assert next_epoch == saved_epoch + 1, \
+        f"return the epoch to continue from: the saved epoch ({saved_epoch}) + 1, not {next_epoch}"
+    assert set(restored_params) == set(saved_params) and max_difference(restored_params, saved_params) == 0, \
+        "the model's weights must be restored"
+
+
+# ---------------------------------------------------------------- Exercise 4: export_full_state_dict
+# rank 0's file described: {"exists", "error" (torch.load's), "kinds": {name: "Tensor torch.float32 cpu"},
+# "state": {name: tensor, or None for anything but a plain tensor}}
+
+def check_export_loads(described: dict) -> dict:
+    """Rank 0's model_full.pt exists and loads with torch.load(weights_only=True) into a plain ViT. Returns its
+    tensors."""
+    assert described.get("exists"), "rank 0 must save model_full.pt in its directory"
+    try:
+        if described.get("error"):
+            raise RuntimeError(described["error"])
+        state = described.get("state")
+        if not isinstance(state, dict) or any(v is None for v in state.values()):
+            raise RuntimeError(f"it holds other things than plain tensors: {sorted(set(described.get('kinds', {}).values()))}")
+        state = tensors(state)
+        build_vit(TINY).load_state_dict(state)
+    except Exception as e:
+        raise AssertionError(f"model_full.pt must load into a plain ViT (full tensors, the ViT's keys): {e}") from None
+    return state
+
+
+# ---------------------------------------------------------------- Exercise 5: build_on_meta
+# fresh facts (one rank's shards, read locally): {"devices", "not_sharded", "units", "not_finite", "cls_token"
+# (largest |value| of its rows, None if it holds none), "pos_embed_std", "layernorm" (distinct values),
+# "linear_over_bound"}
+
+def check_meta_ran(error: str | None) -> None:
+    assert error is None, f"build_on_meta must run on 2 ranks, fresh and loaded; it failed with: {error}"
+
+
+def check_meta_fresh(facts: dict, rank: int = 1) -> None:
+    """The fresh shards are on the CPU, every value initialised, pos_embed drawn with std 0.02."""
+    assert facts["devices"] == ["cpu"], (
+        f"the shards must be on the device given (cpu here), not {facts['devices']}: call model.to_empty(device=device) "
+        "after fully_shard; a meta tensor has no storage, and reset_parameters() on it does nothing")
+    assert not facts["not_finite"], (
+        f"parameters left uninitialised (NaN: memory to_empty allocated and nothing wrote): {facts['not_finite']}. "
+        "reset_parameters() covers nn.Linear, nn.LayerNorm and nn.Conv2d; cls_token and pos_embed belong to the ViT "
+        "itself")
+    assert 0.015 < facts["pos_embed_std"] < 0.025, \
+        f"pos_embed must be drawn from a normal with std 0.02; rank {rank}'s shard has std {facts['pos_embed_std']:.4f}"
+
+
+def check_meta_loaded(weight_digests: dict, reference_digests: dict) -> None:
+    """Loaded from the file, rank 0's model holds exactly the file's weights (compared by their digests)."""
+    differ = sorted(k for k in set(weight_digests) | set(reference_digests)
+                    if weight_digests.get(k) != reference_digests.get(k))
+    assert not differ, (
+        "with weights_file, the model must hold exactly the file's weights: rank 0 reads it, set_model_state_dict "
+        f"with full_state_dict=True and broadcast_from_rank0=True hands every rank its shards (differ: {differ[:3]})")
+
+
+def check_meta_memory(peak, model_bytes: int, rank: int = 1) -> None:
+    """Building fresh, the rank's memory rose by less than 0.8 x the whole model."""
+    from coursekit.memory import format_bytes
+
+    limit = 0.8 * model_bytes
+    assert peak is not None and peak < limit, (
+        f"rank {rank}'s memory rose by {format_bytes(peak or 0)} while build_on_meta built the model fresh: no rank may "
+        f"hold the whole model ({format_bytes(model_bytes)}); expected about half of it (its shards), at most "
+        f"{format_bytes(limit)}. Build on the meta device and call to_empty only after fully_shard")
+
+
+# ---------------------------------------------------------------- Exercise 6: shard_hybrid
+# facts (one rank, one layout): {"units", "placements", "mesh_shape" ([nodes, per node], or "<n> meshes"),
+# "groups" (per mesh dimension: the ranks of this rank's group), "local_fraction", "collectives": [[name, ranks,
+# bytes]], "loss", "grads"}
+
+def check_hybrid_ran(error: str | None) -> None:
+    assert error is None, f"shard_hybrid must run on 4 ranks (2 nodes x 2, then 4 nodes x 1); it failed with: {error}"
+
+
+def check_hybrid_layout(facts: dict) -> None:
+    """Rank 1 of 2 nodes x 2: a unit per block and the root, (Replicate(), Shard(dim=0)) on a (2, 2) mesh,
+    replicated with rank 3 and sharded with rank 0."""
+    assert all(facts["units"]), \
+        f"fully_shard each block in model.blocks, then the whole model; units found (blocks, then root): {facts['units']}"
+    assert facts["placements"] == HYBRID and facts["mesh_shape"] == [2, 2], (
+        f"on 2 nodes x 2 every parameter must be {HYBRID[0]} on a mesh of shape (nodes, ranks_per_node) = (2, 2); "
+        f"rank 1 has {facts['placements']} on a mesh of shape {facts['mesh_shape']}")
+    assert facts["groups"] == [[1, 3], [0, 1]], (
+        "rank 1 (node 0) must replicate with rank 3 (the same local rank on node 1) and shard with rank 0 (its own "
+        f"node): the groups along the mesh's dimensions are {facts['groups']}, expected [(1, 3), (0, 1)]")
+
+
+def check_hybrid_device(device_types) -> None:
+    """Handed a GPU's device, the mesh is asked for on 'cuda'."""
+    assert device_types == ["cuda"], (
+        "handed a GPU worker's device (torch.device('cuda', 0)), shard_hybrid must build its mesh with "
+        f"init_device_mesh(device.type, ...), i.e. 'cuda'; it asked for {device_types}")
