@@ -1,0 +1,90 @@
+"""Module 06's visible checks on plain data: what a DeepSpeed engine took from your config (``build_engine``),
+how far your engine's weights ended from the run they must reproduce and what ``train_micro_batches`` returned,
+what every rank reported with its checkpoint (``save_and_report``) and what ``restore_checkpoint`` gave back.
+The notebook calls them in your kernel; the grader calls the same functions on the data your test cells handed in
+(with references it computes itself)."""
+from __future__ import annotations
+
+BUILD_CASE = dict(global_batch_size=24, micro_batch_size=6, lr=1e-2, stage=2)   # 24 = 6 x 2 micro-batches x 2 ranks
+WORLD_SIZE = 2               # the ranks of the checks of Exercises 1, 2 and 4 (Exercise 3: 4, as 2 nodes x 2)
+SAME_RUN = 1e-4              # train_micro_batches: weights within this of DDP's run, relative to the distance moved
+LOSS_TOLERANCE = 1e-5        # train_micro_batches: the mean loss returned, absolute (fp32 engines)
+REPORT_METRICS = {"epoch": 4, "loss": 0.5}   # what save_and_report is given in the check
+
+
+def what_the_engine_took(engine) -> dict:
+    """The settings a DeepSpeed engine runs with, as plain values."""
+    device = getattr(engine.zero_offload_optimizer(), "device", None)
+    device = getattr(device, "value", device)                         # an enum or its string
+    return {"train_batch_size": engine.train_batch_size(), "micro": engine.train_micro_batch_size_per_gpu(),
+            "accumulation": engine.gradient_accumulation_steps(), "stage": engine.zero_optimization_stage(),
+            "offload": None if device in (None, "none") else device, "bf16": bool(engine.bfloat16_enabled()),
+            "lr": engine.get_lr()[0]}
+
+
+def relative_difference(weights: dict, reference: dict, start: dict) -> float:
+    """|weights - reference| / |reference - start| over all tensors: 0 for the same run, about 1 for another run."""
+    num = sum(((weights[k].float() - reference[k].float()) ** 2).sum() for k in reference)
+    den = sum(((reference[k].float() - start[k].float()) ** 2).sum() for k in reference)
+    return (num / den).sqrt().item()
+
+
+def check_took(took: dict, case: dict, world_size: int = WORLD_SIZE) -> None:
+    """The engine runs the case's batch sizes, stage, learning rate, offload and precision."""
+    assert isinstance(took, dict), f"build_engine(..., {case}) gave no engine: {took}"
+    micro, total = case["micro_batch_size"], case["global_batch_size"]
+    accumulation = total // (micro * world_size)
+    split = f"{total} = {micro} (micro) x {accumulation} (accumulation) x {world_size} (ranks)"
+    assert took["train_batch_size"] == total, (
+        f"train_batch_size is the GLOBAL batch ({total}), not {took['train_batch_size']} ({split})")
+    assert took["micro"] == micro, (
+        f"train_micro_batch_size_per_gpu is one worker's micro batch ({micro}), not {took['micro']} ({split})")
+    assert took["accumulation"] == accumulation, f"{split}: expected {accumulation}, not {took['accumulation']}"
+    assert took["stage"] == case["stage"], (
+        f"ZeRO stage {case['stage']} was asked, the engine runs stage {took['stage']}: pass your config to it")
+    assert took["lr"] == case["lr"], f"the optimizer's learning rate must be lr={case['lr']}, not {took['lr']}"
+    if case.get("offload_optimizer"):
+        assert took["offload"] == "cpu", (
+            "offload_optimizer=True: put \"offload_optimizer\": {\"device\": \"cpu\"} in zero_optimization; the "
+            f"engine took {took}")
+    else:
+        assert took["offload"] is None, f"no offload unless asked: {took}"
+    if case.get("bf16"):
+        assert took["bf16"], f"bf16=True: the config must enable bf16 (\"bf16\": {{\"enabled\": True}}); the engine took {took}"
+    else:
+        assert not took["bf16"], f"no bf16 unless asked: {took}"
+
+
+def check_same_run(where: str, difference: float, steps: int, expected_steps: int = 2) -> None:
+    """train_micro_batches through a DeepSpeed engine: the engine's optimizer steps, and its weights within SAME_RUN
+    of DDP's run (relative to the distance they moved)."""
+    assert steps == expected_steps, (
+        f"{where}: {2 * expected_steps} micro-batches with 2 per optimizer step make {expected_steps} steps of the "
+        f"engine, not {steps}: call engine.step() after every micro-batch")
+    assert difference < SAME_RUN, (
+        f"{where}: the weights differ from DDP's by {difference:.1%} of the distance they moved; expected the same run "
+        "(forward, backward and step through the engine)")
+
+
+def check_reports(reports: list) -> None:
+    """Every rank reported once, the metrics it was given, with a checkpoint. ``reports[rank]``: that rank's reports,
+    each {"metrics", "has_checkpoint", "files"}."""
+    for rank, mine in enumerate(reports):
+        assert len(mine) == 1, f"rank {rank} must call ray.train.report exactly once, not {len(mine)} times"
+        assert mine[0]["metrics"] == REPORT_METRICS, f"rank {rank}: report the metrics you were given"
+        assert mine[0]["has_checkpoint"], f"rank {rank} must report a checkpoint: every rank holds different partitions"
+
+
+def check_next_epoch(next_epoch, saved_epoch: int) -> None:
+    assert next_epoch == saved_epoch + 1, (
+        f"return the epoch to continue from: the saved epoch ({saved_epoch}) + 1, not {next_epoch}")
+
+
+def max_difference(a: dict, b: dict) -> float:
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def check_restored_weights(where: str, restored: dict, saved: dict) -> None:
+    """The weights restore_checkpoint loaded are those saved, bit for bit."""
+    assert set(restored) == set(saved) and max_difference(saved, restored) == 0, (
+        f"{where}: the model's weights must be restored")

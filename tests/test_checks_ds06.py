@@ -1,0 +1,90 @@
+"""Module 06's checks outside the kernel (autograder/checks/ds06.py) on hand-made data: cheap, no DeepSpeed run."""
+import nbformat
+import pytest
+
+from autograder.checks import ds06
+from autograder.checks import ds06_references as refs
+from autograder.paths import SOLUTIONS
+from coursekit.evidence import plain
+from coursekit.exercise_checks import deepspeed as ds
+
+TOOK = {"train_batch_size": 24, "micro": 6, "accumulation": 2, "stage": 2, "offload": None, "bf16": False, "lr": 1e-2}
+
+
+def test_every_code_cell_of_the_module_is_checked():
+    nb = nbformat.read(SOLUTIONS / "06_deepspeed" / "06_deepspeed.ipynb", as_version=4)
+    graded = {c.metadata["nbgrader"]["grade_id"] for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")}
+    assert set(ds06.CHECKS) == {g for g in graded if not g.startswith("test_concept")}
+
+
+def test_check_took_says_what_was_expected():
+    ds.check_took(TOOK, ds.BUILD_CASE)
+    with pytest.raises(AssertionError, match="GLOBAL batch"):
+        ds.check_took({**TOOK, "train_batch_size": 12}, ds.BUILD_CASE)
+    with pytest.raises(AssertionError, match="expected 2, not 1"):
+        ds.check_took({**TOOK, "accumulation": 1}, ds.BUILD_CASE)
+    with pytest.raises(AssertionError, match="offload_optimizer"):
+        ds.check_took({**TOOK, "stage": 3, "micro": 4, "train_batch_size": 16, "bf16": True, "lr": 1e-3},
+                      ds06.OFFLOADED)
+
+
+def _took_data(cases, change=None):
+    took = [{"value": dict(TOOK), "error": None} for _ in cases]
+    for i, case in enumerate(cases):
+        micro = case["micro_batch_size"]
+        took[i]["value"].update(train_batch_size=case["global_batch_size"], micro=micro, stage=case["stage"],
+                                accumulation=case["global_batch_size"] // (micro * 2), lr=case["lr"],
+                                offload="cpu" if case.get("offload_optimizer") else None, bf16=bool(case.get("bf16")))
+    if change:
+        took[-1]["value"].update(change)
+    return {"cases": cases, "error": None, "ranks": [took, took]}
+
+
+def test_build_engine_judges_the_hidden_configs():
+    cases = [ds.BUILD_CASE, ds06.OFFLOADED, ds06.ONE_PASS]
+    assert ds06.build_engine(_took_data(cases))
+    with pytest.raises(AssertionError, match="lr=0.003"):
+        ds06.build_engine(_took_data(cases, {"lr": 1e-3}))
+    with pytest.raises(AssertionError, match="no engine built"):
+        ds06.build_engine(_took_data(cases[:1]))
+    with pytest.raises(AssertionError, match="failed"):
+        ds06.build_engine({"error": "AssertionError: build_engine failed on 2 ranks"})
+
+
+def _micro_data(shift=0.0, steps=2, loss_scale=1.0, problems=()):
+    _, weights, losses = refs.micro_batches_sgd()
+    ranks = []
+    for rank in range(2):
+        mean = sum(losses[rank]) / len(losses[rank]) * loss_scale
+        ranks.append([{"stage": stage, "weights": plain({k: v + shift for k, v in weights.items()}), "steps": steps,
+                       "mean_loss": mean, "problems": list(problems)} for stage in (2, 3)])
+    return {"error": None, "ranks": ranks}
+
+
+def test_train_micro_batches_against_the_graders_own_run():
+    good = _micro_data()
+    for check in (ds06.train_micro_batches, ds06.train_micro_batches_zero3, ds06.train_micro_batches_loss):
+        assert check(good)
+    with pytest.raises(AssertionError, match="differ from DDP's"):
+        ds06.train_micro_batches(_micro_data(shift=1e-3))
+    with pytest.raises(AssertionError, match="gathers the parameters"):
+        ds06.train_micro_batches_zero3(_micro_data(shift=1e-3))
+    with pytest.raises(AssertionError, match="make 2 steps of the engine, not 4"):
+        ds06.train_micro_batches(_micro_data(steps=4))
+    with pytest.raises(AssertionError, match="divided it by the accumulation"):
+        ds06.train_micro_batches_loss(_micro_data(loss_scale=0.5))
+    with pytest.raises(AssertionError, match="on a GPU worker"):
+        ds06.train_micro_batches_loss(_micro_data(problems=["line 3 mixes"]))
+
+
+def test_nothing_handed_in_fails_every_cell_with_a_message():
+    for gid, check in ds06.CHECKS.items():
+        with pytest.raises(AssertionError, match="."):
+            check(None)
+
+
+def test_the_known_step_reference_is_checked():
+    _, reference, _ = refs.known_steps(2)
+    ds06._check_known_step("rank 0", reference, 2)
+    with pytest.raises(AssertionError, match="known engine"):
+        ds06._check_known_step("rank 0", {k: v + 1e-3 for k, v in reference.items()}, 2)
