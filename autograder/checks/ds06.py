@@ -5,23 +5,23 @@ its checkpoint, the weights and Adam moments saved and loaded back), checked wit
 notebook's cases and on the hidden ones the grader asks for (``ASKED``). The runs those engines must reproduce are
 computed here (``ds06_references``), never taken from the kernel.
 
-Tolerances and the spread measured (this machine, 2-core x86-64; the grader's references at torch threads 1, 2 and 4
-and with MKL_CBWR=COMPATIBLE, the kernel's ranks on 1 thread each as run_distributed runs them):
+Tolerances and the spread measured (this machine, a 2-core x86-64): the kernel's ranks run on 1 thread each (as
+run_distributed runs them); the grader's references are computed on 1 thread, and were measured also at torch
+threads 2 and 4 and with MKL_CBWR=COMPATIBLE (another CPU's rounding path), each figure the largest over the ranks:
 
-* Exercise 1, 3 optimizer steps of AdamW against one process standing in for DDP: 0.02 of the distance moved
-  (kept from the notebook's hidden test). Measured: the reference engine 1.0e-3 (DDP itself on 2 ranks: 1.06e-3;
-  Adam's normalised step magnifies last-bit differences of tiny gradients); the nearest mistake (no clipping) far
-  outside.
-* Exercise 2, 2 SGD steps: weights within SAME_RUN = 1e-4 of the distance moved (kept); measured 1.2e-7 (ZeRO-2 and
-  ZeRO-3 alike). Mean loss: LOSS_TOLERANCE = 1e-5 absolute (kept); measured 6e-8.
-* Exercise 2, bf16 engine against the same engine trained by the grader: 1e-3 of the distance moved and 1e-4 on the
-  loss (kept); measured 0 and 0 (the same DeepSpeed code on the same machine; the loss in bf16, the mistake it
-  catches: 6.6e-2 and 4e-3).
-* Exercises 3 and 4, the weights the known engine saved against one process's AdamW step: KNOWN_STEPS[1] = 1e-4
-  of the distance moved (new: the saved state was the kernel's own before); measured 8.4e-7 on 4 ranks, 1.9e-7 on 2.
-  After its second step (Exercise 4's continued run): KNOWN_STEPS[2] = 0.02, Exercise 1's bound for the same kind of
-  run; measured 7.3e-4 (Adam's second step, as in Exercise 1). What is loaded back must equal what was saved bit for
-  bit, as before.
+* Exercise 1, 3 optimizer steps of AdamW against one process standing in for DDP: TRAINING_BOUND = 0.02 of the
+  distance moved (kept from the notebook's hidden test). Measured 8.8e-4 .. 1.8e-3 (DDP itself on 2 ranks: 7.7e-4 ..
+  1.6e-3; Adam's normalised step turns last-bit differences of tiny gradients into whole steps).
+* Exercise 2, 2 SGD steps: weights within SAME_RUN = 1e-4 of the distance moved (kept); measured 1.2e-7 .. 3.5e-7
+  (ZeRO-2 and ZeRO-3 alike). Mean loss: LOSS_TOLERANCE = 1e-5 absolute (kept); measured 0 .. 1.2e-7.
+* Exercise 2, bf16 engine against the same engine trained here: 1e-3 of the distance moved and 1e-4 on the loss
+  (kept); measured 0 and 0 (the same DeepSpeed code on the same machine, its ranks on 1 thread), at every setting.
+  The mistake it catches (the loss in bf16): 6.6e-2 and 5.1e-3.
+* Exercises 3 and 4, the known engine's weights (as saved, and after Exercise 4's further step) against one process's
+  AdamW steps: KNOWN_STEPS = 0.02 of the distance moved, Exercise 1's bound for the same kind of run (new: the saved
+  state was the kernel's own before). Measured after 1 step 1.7e-7 (1 thread) .. 1.1e-3 (2 and 4 threads), after 2
+  steps 3.5e-4 .. 1.2e-3. Anything that trains the engine further is about 1 away. What is loaded back must equal what
+  was saved bit for bit, as before.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ TRAINING_BOUND = 0.02
 BF16 = dict(stage=1, micro=6, accumulation=2, lr=1e-2, micro_batches=4)
 BF16_BOUND, BF16_LOSS = 1e-3, 1e-4
 RESUME_SEED = 7                      # the 4 new ranks' other weights
-KNOWN_STEPS = {1: 1e-4, 2: 0.02}    # by optimizer steps: see the spread above
+KNOWN_STEPS = 0.02                   # see the spread above
 
 ASKED = {"test_build_engine": [OFFLOADED, ONE_PASS],
          "test_build_engine_training": [TRAINING],
@@ -204,7 +204,7 @@ def _check_known_step(where: str, params: dict, world_size: int, steps: int = 1)
     """The known engine's weights, as the kernel's run handed them in, against one process's run here."""
     start, reference, _ = refs.known_steps(world_size, steps)
     difference = ds.relative_difference(params, reference, start)
-    assert difference < KNOWN_STEPS[steps], (
+    assert difference < KNOWN_STEPS, (
         f"{where}: the known engine's weights after {steps} step(s) differ from the expected run by {difference:.1e} "
         "of the distance they moved: something changed the engine while saving or restoring")
 
