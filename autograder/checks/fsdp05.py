@@ -101,6 +101,11 @@ def one_step_reference(config: dict, images, labels) -> tuple[float, dict]:
     return _once(("step", tuple(sorted(config.items())), images.shape), make)
 
 
+def seeded_weights(seed: int) -> dict:
+    """The TINY ViT's weights from ``seed`` (export_full_state_dict's model, sharded, holds exactly these)."""
+    return _once(("vit", seed), lambda: build_vit({**TINY, "seed": seed}).state_dict())
+
+
 def mid_weights() -> dict:
     return _once("mid", lambda: {k: p.detach().clone() for k, p in build_vit({**MID, "seed": 11}).named_parameters()})
 
@@ -349,7 +354,7 @@ def export_full_state_dict_weights(data):
             f"{where}save plain fp32 CPU tensors (full_state_dict=True, cpu_offload=True: the sharded master weights "
             f"gathered), not {kinds}")
         state = tensors(described["state"])
-        reference = _once(("vit", case[0]), lambda: build_vit({**TINY, "seed": case[0]}).state_dict())
+        reference = seeded_weights(case[0])
         assert set(state) == set(reference) and max_difference(state, reference) == 0, \
             f"{where}the file must hold the sharded model's full weights: every key, every shard gathered"
     return "model_full.pt holds the full fp32 weights as plain CPU tensors (4 ranks on 2 nodes, and 2 on 2)"
