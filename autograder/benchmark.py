@@ -52,7 +52,8 @@ def fixed_cost(subs: Path, out: Path, module: str, repeats: int) -> dict:
     import tempfile
 
     from autograder.collect import collect
-    from autograder.grade import prepare, run_job
+    from autograder.grade import prepare
+    from autograder.job import run_job
 
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

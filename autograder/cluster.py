@@ -8,7 +8,7 @@ What travels, and what does not:
 * To the task: the submission folder and the module's one-module template (its gradebook, with the hidden
   tests, and its RELEASED files), each as a gzipped tar in Ray's object store. The solutions never leave the
   driver's machine.
-* On the node, the task grades exactly as a local job does (``autograder.grade.run_job``): its own scratch
+* On the node, the task grades exactly as a local job does (``autograder.job.run_job``): its own scratch
   root, the node's bubblewrap jail (hiding the repository's folders, as locally, and the driver's output and
   submissions folders wherever the node has them: shared storage) and memory cgroup (where the node has them; each row says on which node it
   was graded and whether its kernel was jailed there), the wall-clock limit.
@@ -65,7 +65,7 @@ def grade_on_node(found, template_tar: bytes, submission_tar: bytes, timeout: fl
     import shutil
 
     from autograder.contain import jail_available
-    from autograder.grade import _hidden_paths, run_job
+    from autograder.job import hidden_paths, run_job
 
     base = Path(tempfile.mkdtemp(prefix="course-grading-"))
     try:
@@ -74,7 +74,7 @@ def grade_on_node(found, template_tar: bytes, submission_tar: bytes, timeout: fl
         jobs = base / "jobs"
         jobs.mkdir()
         run = run_job(dataclasses.replace(found, folder=submission), template, jobs,
-                      [*_hidden_paths(base, base), *map(Path, hide)], timeout, memory, feedback)
+                      [*hidden_paths(base, base), *map(Path, hide)], timeout, memory, feedback)
         job = run["job"]
         where = f"{found.student}/{found.module}"
         return {"outcome": dataclasses.asdict(run["outcome"]), "result": run["result"],

@@ -43,16 +43,16 @@ Reruns are incremental: a (student, module) whose submission folder, module sour
 and grading code (autograder/, coursekit/, nbgrader's version) hash the same as last time is not graded again (``OUT/cache.json``); a
 timed-out or killed one is retried when the limits changed. Rerunning on the same input gives
 the same grades.csv and no duplicate gradebook rows.
+The parts: ``autograder.job`` (one submission's job, local or on a cluster's node), ``autograder.cache``,
+``autograder.gradebook`` (the merge into the main gradebook), ``autograder.reports`` (grades.csv, timings,
+the feedback folder), ``autograder.cluster`` (``--address``); this file plans, runs and records them.
 Notebooks run with ``COURSE_GRADING=1`` (their parameters cell skips the demo training runs),
 ``COURSE_SIZE=smoke``, no GPU.
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import hashlib
-import html
 import json
 import os
 import shutil
@@ -64,52 +64,26 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from autograder.checks import asked
+from autograder.cache import Cache, cache_key, module_hash
 from autograder.checks.tamper import scan
 from autograder.collect import Found, collect
-from autograder.contain import jail_available, jail_missing_reason, run_limited, write_kernelspec
-from autograder.paths import CONFIG, REPO, SOLUTIONS, modules, tool_env
+from autograder.contain import jail_available, jail_missing_reason
+from autograder.gradebook import forget, merge, plain_feedback
+from autograder.job import config_text, hidden_paths, run_job
+from autograder.paths import SOLUTIONS, modules, tool_env
 from autograder.release import strip_scripts
+from autograder.reports import STATUSES, write_reports
 
 # nbgrader's gradebook makes SQLAlchemy warn about its own session use on every merge (about 150 lines in a run of
 # the test class): the instructor sees the progress bar, a line per problem and the summary, not that.
 warnings.filterwarnings("ignore", message=r"Object of type <\w+> not in session", module=r"nbgrader\.")
 
-STATUSES = ("graded", "tests modified", "timed out", "kernel died", "invalid notebook", "missing")
-FIELDS = ["student", "module", "score", "max_score", "status", "seconds", "detail", "flags"]
 DEFAULT_TIMEOUT = 300          # seconds per submission (wall clock, kernel start included)
 DEFAULT_MEMORY = 8 * 2**30     # bytes RSS of the whole process tree of one submission
 IGNORE = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__")
 
 
 # ---------------------------------------------------------------- nbgrader course roots
-
-# A grading job's nbgrader source folder. nbgrader's autograde copies every file of the assignment's source
-# folder that is not a notebook over the submission (``Autograde.init_assignment``); a job's source folder holds
-# the module's RELEASE (its scripts with their solution regions stubbed, its figures), never the solutions, so a
-# submission's code reaches only what its student was given. The hidden tests come from the gradebook.
-RELEASED = "released"
-
-
-def _config_text(root: Path, autograded: Path | None = None, timeout: float | None = None,
-                 runtime: Path | None = None) -> str:
-    lines = ["c = get_config()  # noqa: F821",
-             f"load_subconfig({str(CONFIG)!r})  # noqa: F821  (the course's nbgrader settings)",
-             f"c.CourseDirectory.root = {str(root)!r}",
-             f"c.CourseDirectory.db_url = {'sqlite:///' + str(root / 'gradebook.db')!r}",
-             "c.OverwriteCells.add_missing_cells = True"]
-    if autograded:      # a grading job's root
-        lines += [f"c.CourseDirectory.autograded_directory = {str(autograded)!r}",
-                  f"c.CourseDirectory.source_directory = {RELEASED!r}"]
-    if timeout:
-        lines.append(f"c.Execute.timeout = {int(min(600, max(10, timeout)))}")
-    if runtime and jail_available():
-        # the jailed kernel has no network: talk to it over unix sockets, which live beside its connection
-        # file in the one folder of the grading job that is bound into the jail
-        lines += ["c.KernelManager.transport = 'ipc'",
-                  f"c.KernelManager.connection_file = {str(runtime / 'kernel.json')!r}"]
-    return "\n".join(lines) + "\n"
-
 
 def _api(root: Path):
     from nbgrader.apps import NbGraderAPI
@@ -118,40 +92,6 @@ def _api(root: Path):
     if str(Path(sys.executable).parent) not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = tool_env()["PATH"]     # nbgrader runs `alembic` from PATH: this venv's bin/
     return NbGraderAPI(config=PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config())
-
-
-def _hash_folder(folder: Path, h=None) -> "hashlib._Hash":
-    h = h or hashlib.sha256()
-    for p in sorted(folder.rglob("*")):
-        rel = p.relative_to(folder)
-        if p.is_file() and not any(x in (".ipynb_checkpoints", "__pycache__") for x in rel.parts):
-            h.update(str(rel).encode() + b"\0" + p.read_bytes() + b"\0")
-    return h
-
-
-def _code_hash() -> str:
-    """The code a grade depends on besides the module: the grader (this package: how a notebook is run,
-    limited and scored), coursekit (what the notebooks import, check_concept included) and nbgrader."""
-    import nbgrader
-
-    h = hashlib.sha256(f"nbgrader {nbgrader.__version__}\0".encode())
-    for folder in (REPO / "autograder", REPO / "coursekit"):
-        for p in sorted(folder.rglob("*.py")):           # packages too (coursekit/testing/, coursekit/faults/)
-            h.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-def module_hash(module: str) -> str:
-    """What every grade of ``module`` depends on: its source (hidden tests included), the course's
-    nbgrader config and the grading code. A change to any of them regrades the module."""
-    h = hashlib.sha256(_code_hash().encode())
-    h.update(CONFIG.read_bytes())
-    return _hash_folder(SOLUTIONS / module, h).hexdigest()
-
-
-def cache_key(f: Found) -> str:
-    """A submission's cache key: its module's hash and the submitted folder's files."""
-    return _hash_folder(f.folder, hashlib.sha256(module_hash(f.module).encode())).hexdigest()
 
 
 def _register(root: Path, module: str) -> None:
@@ -170,7 +110,7 @@ def prepare(out: Path, wanted: list[str]) -> dict[str, Path]:
 
     main = out / "nbgrader"
     main.mkdir(parents=True, exist_ok=True)
-    (main / "nbgrader_config.py").write_text(_config_text(main))
+    (main / "nbgrader_config.py").write_text(config_text(main))
     hashes_file = main / "registered.json"
     registered = json.loads(hashes_file.read_text()) if hashes_file.exists() else {}
     templates = {}
@@ -180,7 +120,7 @@ def prepare(out: Path, wanted: list[str]) -> dict[str, Path]:
         if not (tpl / "gradebook.db").exists() or (tpl / "hash").read_text() != digest:
             shutil.rmtree(tpl, ignore_errors=True)
             tpl.mkdir(parents=True)
-            (tpl / "nbgrader_config.py").write_text(_config_text(tpl))
+            (tpl / "nbgrader_config.py").write_text(config_text(tpl))
             _register(tpl, m)
             (tpl / "hash").write_text(digest)
         templates[m] = tpl
@@ -238,58 +178,6 @@ def precheck(notebook: Path, template: Path, module: str) -> tuple[str, str]:
     return "", ", ".join(changed)
 
 
-# ---------------------------------------------------------------- one submission
-
-# The repository's folders a submission's kernel needs: the course's helper package, and the data it may read.
-KERNEL_NEEDS = ("coursekit", "data")
-
-
-def _hidden_paths(out: Path, submissions: Path) -> list[Path]:
-    """What a submission's kernel must not see: every folder of the repository but ``KERNEL_NEEDS`` and the one
-    holding this Python (the solutions; the release, whose later modules' scripts hold earlier modules' answers;
-    the tests; the history and builds), the grading output (other students' work, the gradebook) and the
-    submissions."""
-    python = [Path(p).resolve() for p in (sys.prefix, sys.base_prefix)]
-    keep = [REPO / name for name in KERNEL_NEEDS]
-    paths = [SOLUTIONS, REPO / ".git", REPO / "build", out]
-    paths += [p for p in sorted(REPO.iterdir()) if p.is_dir() and p not in keep
-              and not any(py.is_relative_to(p.resolve()) for py in python)]
-    if submissions.is_dir():
-        paths.append(submissions)
-    else:
-        paths.append(submissions.parent)
-    return list(dict.fromkeys(p.resolve() for p in paths))
-
-
-def run_job(f: Found, template: Path, jobs_base: Path, hide: list[Path], timeout: float,
-            memory: int, feedback: bool = True, warm: bool = True) -> dict:
-    """Autograde one submission in its own scratch root and process (forked by a warm worker: see
-    ``autograder.contain.WarmWorker``; ``warm=False``: a fresh ``python -m autograder.worker``, which the
-    benchmark compares), with its HTML feedback page unless ``feedback`` is False; return what happened."""
-    job = Path(tempfile.mkdtemp(prefix="job-", dir=jobs_base))
-    root = job / "root"
-    root.mkdir()
-    shutil.copytree(template / "course" / f.module, root / RELEASED / f.module,
-                    ignore=shutil.ignore_patterns("*.ipynb", ".ipynb_checkpoints", "__pycache__"))
-    shutil.copy(template / "gradebook.db", root / "gradebook.db")
-    (root / "nbgrader_config.py").write_text(_config_text(root, job / "work", timeout, job / "runtime"))
-    shutil.copytree(f.folder, root / "submitted" / f.student / f.module)
-    workdir = job / "work" / f.student / f.module
-    env = {"COURSE_GRADING": "1", "COURSE_SIZE": "smoke", "COURSE_STORAGE": str(job / "storage"),
-           "CUDA_VISIBLE_DEVICES": "", "COURSE_RECORD": "", "MPLBACKEND": "Agg",
-           "JUPYTER_PATH": str(write_kernelspec(job, workdir, hide, REPO, [job / "runtime", job / "storage"])),
-           "JUPYTER_RUNTIME_DIR": str(job / "runtime"), "PYTHONPATH": str(REPO),
-           "COURSE_ASKED": json.dumps(asked(f.module)),      # the hidden inputs the test cells run for the grader
-           "PYTHONDONTWRITEBYTECODE": "1"}
-    argv = [str(job), f.student, f.module, *([] if feedback else ["--no-feedback"])]
-    outcome = run_limited(None if warm else [sys.executable, "-m", "autograder.worker", *argv], cwd=root, env=env,
-                          timeout=timeout, memory=memory, log=job / "worker.log", worker_argv=argv if warm else None)
-    result = {}
-    if (job / "result.json").exists():
-        result = json.loads((job / "result.json").read_text())
-    return {"job": job, "outcome": outcome, "result": result}
-
-
 def _status(run: dict, timeout: float, memory: int) -> tuple[str, str]:
     o, r = run["outcome"], run["result"]
     if o.killed == "timeout":
@@ -306,65 +194,6 @@ def _status(run: dict, timeout: float, memory: int) -> tuple[str, str]:
     return "invalid notebook", f"nbgrader could not grade it: {last}"
 
 
-def _copy_fields(src, dest) -> None:
-    """Every column of an nbgrader gradebook row but its keys: a field a newer nbgrader adds is copied too."""
-    for column in type(src).__table__.columns:
-        if not (column.primary_key or column.foreign_keys):
-            setattr(dest, column.key, getattr(src, column.key))
-
-
-def merge(main: Path, run: dict, student: str, module: str) -> float:
-    """Copy one autograded submission (submission, notebooks, grades, comments) from the job's gradebook
-    into the main gradebook; return its score."""
-    from nbgrader.api import Gradebook
-
-    job = run["job"]
-    _forget(main, student, module)                 # an older graded version, if any
-    with Gradebook(f"sqlite:///{job / 'root' / 'gradebook.db'}") as wgb, \
-            Gradebook(f"sqlite:///{main / 'gradebook.db'}") as gb:
-        wsub = wgb.find_submission(module, student)
-        _copy_fields(wsub, gb.add_submission(module, student))
-        for wnb in wsub.notebooks:
-            _copy_fields(wnb, gb.find_submission_notebook(wnb.name, module, student))
-            for wg in wnb.grades:
-                _copy_fields(wg, gb.find_grade(wg.name, wnb.name, module, student))
-            for wc in wnb.comments:
-                _copy_fields(wc, gb.find_comment(wc.name, wnb.name, module, student))
-        gb.db.commit()
-        score = gb.find_submission(module, student).score
-    for sub, src in (("autograded", job / "work" / student / module),
-                     ("feedback", job / "root" / "feedback" / student / module)):
-        dest = main / sub / student / module
-        shutil.rmtree(dest, ignore_errors=True)
-        if src.exists():
-            shutil.copytree(src, dest, ignore=shutil.ignore_patterns(".*", "__pycache__"))
-    return score
-
-
-def _forget(main: Path, student: str, module: str) -> None:
-    """Drop an older graded version of (student, module) from the main gradebook, its copies and feedback."""
-    from nbgrader.api import Gradebook, MissingEntry
-
-    with Gradebook(f"sqlite:///{main / 'gradebook.db'}") as gb:
-        gb.update_or_create_student(student)
-        try:
-            gb.remove_submission(module, student)
-        except MissingEntry:
-            pass
-    for sub in ("autograded", "feedback"):
-        shutil.rmtree(main / sub / student / module, ignore_errors=True)
-
-
-def _plain_feedback(main: Path, row: dict) -> None:
-    dest = main / "feedback" / row["student"] / row["module"] / f"{row['module']}.html"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(
-        f"<!doctype html><meta charset='utf-8'><title>{html.escape(row['module'])}</title>"
-        f"<h1>{html.escape(row['module'])}: {html.escape(row['student'])}</h1>"
-        f"<p>Score: {row['score']} / {row['max_score']}</p><p>Status: {html.escape(row['status'])}</p>"
-        f"<p>{html.escape(row['detail'])}</p>", encoding="utf-8")
-
-
 # ---------------------------------------------------------------- planning: what to run
 
 @dataclasses.dataclass(frozen=True)
@@ -378,33 +207,6 @@ class Job:
     status: str        # its status if nbgrader grades it: "graded", or "tests modified"
     feedback: bool = True   # write its HTML feedback page
     flags: str = ""    # lines of the student's code that reach for the grading machinery (autograder.checks.tamper)
-
-
-class Cache:
-    """``OUT/cache.json``: the last row of each (student, module) and the key it was graded under."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.entries = json.loads(path.read_text()) if path.exists() else {}
-
-    def row(self, f: Found, key: str, limits: list, main: Path, feedback: bool = True) -> dict | None:
-        """The cached row if nothing it depends on changed (a timed-out or killed one: nor the limits), and its
-        feedback page if one is wanted now."""
-        hit = self.entries.get(f"{f.student}/{f.module}")
-        if not hit or hit["key"] != key:
-            return None
-        if hit["row"]["status"] in ("timed out", "kernel died") and hit["limits"] != limits:
-            return None
-        kept = [main / sub / f.student / f.module for sub in ("feedback", "autograded")]
-        if not any(p.exists() for p in kept):                          # the gradebook lost it
-            return None
-        if feedback and not kept[0].exists():                          # graded without feedback, wanted now
-            return None
-        return dict(hit["row"])
-
-    def store(self, f: Found, key: str, row: dict, limits: list) -> None:
-        self.entries[f"{f.student}/{f.module}"] = {"key": key, "row": row, "limits": limits}
-        self.path.write_text(json.dumps(self.entries, indent=1, sort_keys=True, ensure_ascii=False))
 
 
 def plan(found: list[Found], wanted: list[str], templates: dict[str, Path], main: Path, cache: Cache,
@@ -431,8 +233,8 @@ def plan(found: list[Found], wanted: list[str], templates: dict[str, Path], main
         if invalid:
             row = {"student": f.student, "module": f.module, "score": 0.0, "max_score": max_scores[f.module],
                    "seconds": 0.0, "status": "invalid notebook", "detail": invalid, "flags": ""}
-            _forget(main, f.student, f.module)
-            _plain_feedback(main, row)
+            forget(main, f.student, f.module)
+            plain_feedback(main, row)
             rows[(f.student, f.module)] = row
             cache.store(f, key, row, limits)
             continue
@@ -499,14 +301,14 @@ def record(job: Job, run: dict, main: Path, out: Path, max_score: float, memory:
         if job.feedback and run["result"].get("feedback") is False:
             why = "feedback could not be generated"
     else:
-        _forget(main, f.student, f.module)
+        forget(main, f.student, f.module)
     row["status"] = status
     if run.get("node") and not run.get("jailed"):      # graded on a Ray cluster's node that has no jail
         why = "; ".join(x for x in (why, f"graded on {run['node']} without the jail (no bubblewrap there)") if x)
     row["detail"] = "; ".join(x for x in (job.detail, why) if x)
     row["flags"] = job.flags
     if status not in ("graded", "tests modified"):
-        _plain_feedback(main, row)
+        plain_feedback(main, row)
     logdir = out / "logs" / f.student
     logdir.mkdir(parents=True, exist_ok=True)
     (logdir / f"{f.module}.log").write_text(
@@ -515,40 +317,6 @@ def record(job: Job, run: dict, main: Path, out: Path, max_score: float, memory:
 
 
 # ---------------------------------------------------------------- reports
-
-def write_reports(out: Path, main: Path, table: list[dict], wanted: list[str], workers: int, graded_now: int,
-                  wall_s: float, jobs_wall_s: float = 0.0) -> None:
-    """grades.csv, nbgrader's own export of the gradebook (nbgrader-grades.csv, for an LMS), the feedback
-    folder (one page per row that was graded) and timings.json."""
-    from nbgrader.api import Gradebook
-    from nbgrader.plugins import CsvExportPlugin
-
-    with open(out / "grades.csv", "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows({k: r.get(k, "") for k in FIELDS} for r in table)
-    with Gradebook(f"sqlite:///{main / 'gradebook.db'}") as gb:
-        CsvExportPlugin(to=str(out / "nbgrader-grades.csv"), assignment=list(wanted)).export(gb)
-    fb = out / "feedback"
-    shutil.rmtree(fb, ignore_errors=True)
-    for r in table:
-        src = main / "feedback" / r["student"] / r["module"]
-        if r["status"] != "missing" and src.exists():
-            shutil.copytree(src, fb / r["student"] / r["module"])
-    timings = {}
-    for m in wanted:
-        secs = sorted(r["seconds"] for r in table if r["module"] == m and r["status"] in ("graded", "tests modified"))
-        if secs:
-            peaks = [r.get("peak_rss_mib", 0) for r in table if r["module"] == m]
-            fixed = [r["fixed_s"] for r in table if r["module"] == m and r.get("fixed_s") is not None]
-            timings[m] = {"submissions": len(secs), "mean_s": round(sum(secs) / len(secs), 1),
-                          "median_s": secs[len(secs) // 2], "max_s": secs[-1],
-                          "max_tree_rss_mib": max(peaks),
-                          "mean_fixed_s": round(sum(fixed) / len(fixed), 2) if fixed else None}
-    (out / "timings.json").write_text(json.dumps(
-        {"seconds_per_submission": timings, "jobs": workers, "graded_this_run": graded_now,
-         "wall_s": round(wall_s, 1), "jobs_wall_s": round(jobs_wall_s, 1), "cpu_count": os.cpu_count()}, indent=1))
-
 
 # ---------------------------------------------------------------- the class
 
@@ -596,12 +364,12 @@ def grade(submissions: Path, out: Path, only: list[str] | None = None, quiet: bo
         from autograder.cluster import run_jobs_on_ray
 
         say(f"grading {len(todo)} submission(s) of {len(wanted)} module(s) on the Ray cluster at {address}")
-        runs = run_jobs_on_ray(todo, templates, address, memory, hide=_hidden_paths(out, submissions))
+        runs = run_jobs_on_ray(todo, templates, address, memory, hide=hidden_paths(out, submissions))
     else:
         if todo:
             say(f"grading {len(todo)} submission(s) of {len(wanted)} module(s), {workers} at a time"
                 f"{'' if jail_available() else f' (no jail: {jail_missing_reason()}; kernels see the whole filesystem and the network)'}")
-        runs = run_jobs(todo, templates, _hidden_paths(out, submissions), workers, memory)
+        runs = run_jobs(todo, templates, hidden_paths(out, submissions), workers, memory)
     bar = _progress(todo, quiet, "on Ray" if address else "")
     jobs_start = time.perf_counter()
     try:

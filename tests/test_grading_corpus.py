@@ -17,7 +17,9 @@ import pytest
 from autograder.bad_submissions import MODULE, build
 from autograder.collect import collect
 from autograder.contain import jail_available, jail_missing_reason
-from autograder.grade import FIELDS, STATUSES, grade, merge
+from autograder.grade import grade
+from autograder.gradebook import merge
+from autograder.reports import FIELDS, STATUSES
 from autograder.paths import tool_env
 from autograder.release import REPO, SOLUTIONS, modules
 from autograder.samples import solution_answers, write_submission
