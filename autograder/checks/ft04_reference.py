@@ -41,8 +41,9 @@ def resume(model, optimizer):
 MODULE = "04_fault_tolerance"
 # the notebook's locked cells the reference runs: its imports, train_func and the test helpers
 CELLS = ("code_27bd9b50", "code_97043aeb", "code_743b5f85")
-# what code_97043aeb's CONFIG reads from the parameters cell (CHECK_CONFIG replaces every one of them)
-PARAMETERS = dict(EPOCHS=4, LR=2e-3, GLOBAL_BATCH_SIZE=32, TRAIN_SAMPLES=128, TEST_SAMPLES=32)
+# what code_97043aeb's CONFIG reads from the parameters cell (CHECK_CONFIG replaces every one of them), and the
+# file name the helpers read (the answer cell defines it)
+PARAMETERS = dict(EPOCHS=4, LR=2e-3, GLOBAL_BATCH_SIZE=32, TRAIN_SAMPLES=128, TEST_SAMPLES=32, STATE_FILE="state.pt")
 
 _namespace: dict | None = None
 _uninterrupted: list | None = None
