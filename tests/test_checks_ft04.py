@@ -130,13 +130,50 @@ def test_nothing_handed_in_fails_every_cell_with_a_message():
         assert not passed and message, gid
 
 
-def test_the_reference_functions_sent_to_the_kernel_are_the_solutions_answers():
-    """What the grader sends (ASKED) behaves as the solution's cells: the same names, the same file names."""
-    source = ft04.ASKED["test_resume_epoch"][0]
-    for name in ("save_training_state", "load_training_state", "resume"):
-        assert f"def {name}(" in source
-    assert '"state.pt"' in source and 'f"rng_rank_{rank}.pt"' in source
-    assert ft.STATE_FILE == "state.pt"
+def test_no_answer_is_sent_to_the_kernel():
+    """What the grader asks the test cells to run is inputs only: code in the kernel can read it (COURSE_ASKED)."""
+    from autograder.checks import asked
+    from autograder.checks.ft04_reference import REFERENCE
+
+    sent = json.dumps(asked(MODULE))
+    for line in [*REFERENCE.splitlines(), *_reference("training_state").splitlines(), *_reference("resume").splitlines()]:
+        line = line.strip()
+        if len(line) > 12 and not line.startswith("#"):
+            assert line not in sent, line
+    for word in ("load_state_dict", "set_rng_state", "get_checkpoint", "as_directory", "def "):
+        assert word not in sent, word
+
+
+def test_marks_left_by_the_stand_in_are_checked_on_every_rank():
+    """resume_state passes the marks the stand-in leaves and fails a resume that loses any of them."""
+    import torch
+
+    from coursekit.models import build_model
+
+    def entry(rank, weight=ft04.MARK_WEIGHT, lr=ft04.MARK_LR, seed=None, model=True, files=None):
+        net = build_model("small_cnn")
+        with torch.no_grad():
+            for p in net.parameters():
+                p.fill_(weight)
+        checkpoint = {"state.pt": b"x", "rng_rank_0.pt": b"y"}
+        return {"rank": rank, "finished": 0, "cloud": False, "start": 1, "error": None,
+                "checkpoint": ft.files_data(checkpoint),
+                "loads": [{"files": ft.files_data(checkpoint if files is None else files), "model": model,
+                           "optimizer": True}],
+                "weights": net.state_dict(), "lr": [lr],
+                "rng": torch.Generator().manual_seed(ft04.MARK_SEED + rank if seed is None else seed).get_state()}
+
+    def verdict(**changed):
+        ranks = [entry(0), entry(3, **changed)]
+        data = json.loads(json.dumps(plain({"calls": {"count": 1, "model": True, "optimizer": True},
+                                            "resumed": ranks})))
+        return judge(MODULE, "test_resume_state", data)
+
+    assert verdict()[0], verdict()[1]
+    for changed, words in [({"weight": 0.25}, "weights"), ({"lr": 5e-3}, "optimizer"), ({"seed": 1000}, "stream"),
+                           ({"model": False}, "optimizer"), ({"files": {"state.pt": b"x"}}, "files")]:
+        passed, message = verdict(**changed)
+        assert not passed and words in message and message.startswith("rank 3"), (changed, message)
 
 
 @pytest.mark.slow

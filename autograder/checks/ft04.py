@@ -5,9 +5,12 @@ test cell's data is checked with the visible checks (``coursekit.exercise_checks
 notebook runs too) and the hidden ones below, on the notebook's cases and on those only the grader knows (``ASKED``).
 
 The reference run (3 epochs straight through on 4 ranks, 2 nodes x 2) is trained here (``ft04_reference``), never
-taken from the kernel: what the kernel hands in about the reference checkpoints it restarts from is compared with
-it too. The reference checkpoint functions are sent to the test cells (``ASKED``) so that each exercise is graded
-beside the reference of the other, as before."""
+taken from the kernel, and no reference answer is ever sent to the kernel (code there could read it): each
+exercise is graded on its own with stand-ins written in the test cells, which answer nothing. The restart of
+Exercise 1 resumes with a resume of the test's (your checkpoint's files in a local folder, your
+load_training_state); Exercise 2 runs your resume beside a stand-in load_training_state that records the folder it
+is given and leaves known marks (weights, learning rate, each rank's seed), which must still be there when resume
+returns."""
 from __future__ import annotations
 
 import io
@@ -30,8 +33,6 @@ STATE_FILE = ft.STATE_FILE
 # streams and the restored weights are compared exactly (as before).
 WEIGHTS_TOL = 1e-5
 
-_REFERENCE = [ref.REFERENCE]    # the reference checkpoint functions, run beside the student's (see ft04_reference)
-
 HIDDEN_RNG_RANKS = [0, 1, 2]
 HIDDEN_FAILURES = {"never-retry": (0, 0), "one-retry": (1, 1), "spot-run": (5, 5), "forever": (None, -1)}
 HIDDEN_KEEP = [(2, None, "min"), (1, None, "max"), (None, "val_loss", "min"), (1, "accuracy", "max"), (5, "bleu", "max")]
@@ -42,9 +43,19 @@ VISIBLE_TUNER = [4, 3, 1, [1e-4, 1e-2], [32, 64], "tune-check"]
 HIDDEN_SEARCH = [[7, 9, 3, [3e-4, 3e-2], [16, 48, 96], "sweep-a"], [5, 12, 2, [1e-5, 1e-3], [8, 24], "sweep-b", True]]
 HIDDEN_ASHA = [[4, 9, 3, [1e-4, 1e-2], [32, 64], "sweep-a"], [4, 12, 2, [1e-4, 1e-2], [32, 64], "sweep-b"]]
 
+# resume beside the notebook's marking stand-in of load_training_state: as rank `rank` of 4 from a marked
+# checkpoint of epoch `finished` (a local folder; in cloud storage for test_resume_storage), and a group of 4 ranks
+# restarted from the marked checkpoint of epoch `group`
+HIDDEN_RESUMED = {"test_resume_epoch": [{"rank": 2, "finished": 1}, {"group": 0}],
+                  "test_resume_state": [{"rank": 0, "finished": 0}, {"rank": 3, "finished": 0}],
+                  "test_resume_storage": [{"rank": 1, "finished": 1}]}
+# the marks the stand-in leaves (the notebook's MARK_WEIGHT, MARK_LR, MARK_SEED): every weight, the learning rate,
+# each rank's generator seeded with MARK_SEED + its rank
+MARK_WEIGHT, MARK_LR, MARK_SEED = 0.5, 0.123, 1000
+
 ASKED = {"test_training_state_rng": HIDDEN_RNG_RANKS,
-         "test_training_state_restart": _REFERENCE,
-         "test_resume_epoch": _REFERENCE, "test_resume_state": _REFERENCE, "test_resume_storage": _REFERENCE,
+         "test_training_state_restart": ["restart"],
+         **HIDDEN_RESUMED,
          "test_make_run_config_failures": [[name, retries, 2, "val_loss", "min"]
                                            for name, (retries, _) in HIDDEN_FAILURES.items()],
          "test_make_run_config_keep": [["keep-check", 2, keep, metric, mode] for keep, metric, mode in HIDDEN_KEEP],
@@ -166,71 +177,83 @@ def training_state_restart(data):
 
 # ---------------------------------------------------------------- Exercise 2: resume
 
+def _resumed(data, rank: int, finished: int, cloud: bool = False) -> dict:
+    for entry in (data or {}).get("resumed", []):
+        if (entry.get("rank"), entry.get("finished"), bool(entry.get("cloud"))) == (rank, finished, cloud):
+            return entry
+    raise AssertionError(f"the test cell handed in no resume as rank {rank} from a checkpoint of epoch {finished}: "
+                         f"{_NOTHING}")
+
+
+def _marked(entry: dict, rank: int, what: str) -> None:
+    """The marks the stand-in load_training_state left are there when resume returns."""
+    import torch
+
+    checkpoint = ft.files_bytes(entry.get("checkpoint"))
+    given = [ft.files_bytes(load.get("files")) for load in entry.get("loads", [])]
+    assert any(all(files.get(n) == content for n, content in checkpoint.items()) for files in given), (
+        f"{what}: load_training_state gets a local folder holding the checkpoint's files (it was given "
+        f"{[sorted(files) for files in given]})")
+    weights = _tensors(entry.get("weights"))
+    diff = max((w.double() - MARK_WEIGHT).abs().max().item() for w in weights.values()) if weights else math.inf
+    assert diff == 0, (f"{what}: after resume the model holds the checkpoint's weights (they differ by {diff:.1e}): "
+                       "restore the checkpoint with load_training_state on every rank")
+    assert all(load.get("model") and load.get("optimizer") for load in entry["loads"]) and \
+        entry.get("lr") == [MARK_LR], \
+        f"{what}: after resume the optimizer holds the checkpoint's state (load_training_state restores it)"
+    assert torch.equal(tensor(entry["rng"]), torch.Generator().manual_seed(MARK_SEED + rank).get_state()), \
+        f"{what}: after resume its generator holds its saved stream"
+
+
 def resume_epoch(data):
     assert data is not None and "fresh" in data, f"the test cell handed in nothing: {_NOTHING}"
     assert not data["fresh"].get("error"), f"resume failed on a fresh start: {data['fresh']['error']}"
     ft.check_fresh_start(data["fresh"]["value"])
     assert not data["stand_in"].get("error"), f"resume failed: {data['stand_in']['error']}"
     ft.check_next_epoch(data["stand_in"]["value"], 4)
-    assert "start" in data, f"the test cell handed in no resume from the reference checkpoints: {_NOTHING}"
-    assert not data.get("error"), f"resume failed on the checkpoint of epoch 1: {_error(data['error'])}"
-    start = data["start"]
-    assert start == 2, (f"the checkpoint says epoch 1 finished: resume returns 2, the first epoch still to train "
-                        f"(got {start!r}; the saved epoch repeats it, saved + 2 skips one)")
-    group = data.get("group") or {}
-    assert not group.get("error"), _error(group.get("error"))
-    assert group.get("epochs") == [1, 2], (
-        f"epoch 0 had finished: the restarted group trains epochs 1 and 2 (it trained {group.get('epochs')}; "
-        "starting at the saved epoch repeats it, saved + 2 skips one)")
+    for case in HIDDEN_RESUMED["test_resume_epoch"]:
+        if "rank" in case:
+            entry = _resumed(data, case["rank"], case["finished"])
+            assert not entry.get("error"), f"resume failed on the checkpoint of epoch {case['finished']}: {entry['error']}"
+            start, expected = entry.get("start"), case["finished"] + 1
+            assert start == expected, (
+                f"the checkpoint says epoch {case['finished']} finished: resume returns {expected}, the first epoch "
+                f"still to train (got {start!r}; the saved epoch repeats it, saved + 2 skips one)")
+            continue
+        group = next((g for g in data.get("groups", []) if g.get("finished") == case["group"]), None)
+        assert group is not None, f"the test cell handed in no restarted group: {_NOTHING}"
+        assert not group.get("error"), f"the restarted group failed: {_error(group['error'])}"
+        epochs = (group.get("epochs") or [None])[0]
+        assert epochs == [1, 2], (
+            f"epoch 0 had finished: the restarted group trains epochs 1 and 2 (it trained {epochs}; starting at the "
+            "saved epoch repeats it, saved + 2 skips one)")
     return "0 on a fresh start, the epoch after the saved one otherwise; a restarted group trains epochs 1 and 2"
 
 
 def resume_state(data):
-    import torch
-
     assert data is not None and "calls" in data, f"the test cell handed in nothing: {_NOTHING}"
     ft.check_calls(data["calls"])
-    ranks = {entry.get("rank"): entry for entry in data.get("ranks", [])}
-    expected = ref.saved_state(0)
-    for rank in (0, 3):
-        entry = ranks.get(rank)
-        assert entry is not None, f"the test cell handed in no resume as rank {rank}: {_NOTHING}"
-        saved = entry["saved"]
-        _same_as_reference(_tensors(saved["model"]), expected["model"], "the reference checkpoint of epoch 0")
-        exp_avg_diff = (tensor(saved["exp_avg"]).double() - expected["optimizer"]["state"][0]["exp_avg"]).abs().max()
-        assert exp_avg_diff < WEIGHTS_TOL, \
-            f"the reference checkpoint's optimizer differs from the grader's own reference run by {exp_avg_diff:.1e}"
-        assert tensor(saved["rng"]).equal(ref.saved_rng(0, rank)), \
-            f"rank {rank}'s stream in the reference checkpoint differs from the grader's own reference run"
+    for case in HIDDEN_RESUMED["test_resume_state"]:
+        rank = case["rank"]
+        entry = _resumed(data, rank, case["finished"])
         assert not entry.get("error"), f"rank {rank}: resume failed: {entry['error']}"
-        diff = _max_difference(_tensors(entry["model"]), _tensors(saved["model"]))
-        assert diff == 0, (f"rank {rank}: after resume the model holds the checkpoint's weights (they differ by "
-                           f"{diff:.1e}): restore the checkpoint with load_training_state on every rank")
-        assert entry.get("exp_avg") is not None and tensor(entry["exp_avg"]).equal(tensor(saved["exp_avg"])), \
-            f"rank {rank}: after resume the optimizer holds the checkpoint's state (load_training_state restores it)"
-        assert torch.equal(tensor(entry["rng"]), tensor(saved["rng"])), \
-            f"rank {rank}: after resume its generator holds its saved stream"
-    assert "group" in data, f"the test cell handed in no restarted group: {_NOTHING}"
-    epochs, weights = _restarted(data["group"], "the restarted group")
-    if epochs == [1, 2]:   # (a wrong start epoch is the other cell's point)
-        diff = _max_difference(weights, ref.final_weights())
-        assert diff < WEIGHTS_TOL, (f"the resumed run ends {diff:.1e} away from the uninterrupted one: restore the "
-                                    "checkpoint's state (load_training_state) on every rank before training")
-    return "every rank holds the checkpoint's weights, optimizer and own stream; the restarted group ends on the uninterrupted run"
+        _marked(entry, rank, f"rank {rank}")
+    return "every rank holds the checkpoint's weights, optimizer and own stream when resume returns"
 
 
 def resume_storage(data):
     assert data is not None and "cloud" in data, f"the test cell handed in nothing: {_NOTHING}"
     ft.check_cloud(data["cloud"])
-    hidden = data.get("hidden")
-    assert hidden is not None, f"the test cell handed in no resume from the reference checkpoint: {_NOTHING}"
-    _same_as_reference(_tensors(hidden["saved"]), ref.saved_state(1)["model"], "the reference checkpoint of epoch 1")
-    assert not hidden.get("error"), (
-        "resume failed on a checkpoint in cloud storage, whose path ('course-bucket/...') is not a folder on this "
-        "machine: open it with checkpoint.as_directory() and load inside the with block (the downloaded copy is "
-        f"deleted when it ends). The error: {hidden['error']}")
-    diff = _max_difference(_tensors(hidden["model"]), _tensors(hidden["saved"]))
-    assert diff == 0, f"after resume from cloud storage the model holds the checkpoint's weights (they differ by {diff:.1e})"
+    for case in HIDDEN_RESUMED["test_resume_storage"]:
+        entry = _resumed(data, case["rank"], case["finished"], cloud=True)
+        assert not entry.get("error"), (
+            "resume failed on a checkpoint in cloud storage, whose path ('course-bucket/...') is not a folder on this "
+            "machine: open it with checkpoint.as_directory() and load inside the with block (the downloaded copy is "
+            f"deleted when it ends). The error: {entry['error']}")
+        weights = _tensors(entry.get("weights"))
+        diff = max((w.double() - MARK_WEIGHT).abs().max().item() for w in weights.values()) if weights else math.inf
+        assert diff == 0, \
+            f"after resume from cloud storage the model holds the checkpoint's weights (they differ by {diff:.1e})"
     return "a checkpoint in cloud storage is opened with as_directory() and restored"
 
 

@@ -1,11 +1,8 @@
 """Module 04's references, computed by the grader in its own process: the notebook's own ``train_func`` and test
 helpers (its locked cells, read from the course's notebook, never from a submission) with the reference
 checkpoint functions below, trained 3 epochs straight through on 4 ranks (2 nodes x 2) of a gloo group, as the
-test cells train it. Never released: ``REFERENCE`` is the answer to Exercises 1 and 2.
-
-``REFERENCE`` is also what the grader asks the test cells to run beside your functions (``ASKED``), so that each
-exercise is graded on its own: Exercise 2's cells restore with the reference load_training_state, Exercise 1's
-restart resumes with the reference resume."""
+test cells train it. Never released, and never sent to a kernel: ``REFERENCE`` is the answer to Exercises 1 and 2.
+"""
 from __future__ import annotations
 
 import contextlib
