@@ -116,5 +116,8 @@ def attempt(function, *args, **kwargs) -> dict:
     raised: what a test cell hands in about a run, whether or not it worked."""
     try:
         return {"value": function(*args, **kwargs), "error": None}
-    except Exception as e:  # noqa: BLE001  (the grader reports the failure, whatever it was)
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as e:  # noqa: BLE001  (the grader reports the failure, whatever it was; DCP's
+        # CheckpointException is a BaseException, not an Exception)
         return {"value": None, "error": f"{type(e).__name__}: {e}"[-2000:]}
