@@ -281,6 +281,12 @@ def restore_checkpoint_optimizer(data):
     return "Adam's moments restored on both ranks; one more step continues the saved run exactly"
 
 
+# the references, computed once before the jobs that need them where the grader does so (autograder.checks.prepare)
+PREPARE = (lambda: refs.engine_training(TRAINING[0]["global_batch_size"], TRAINING[0]["micro_batch_size"],
+                                        TRAINING[0]["lr"], TRAINING[1]),
+           refs.micro_batches_sgd, lambda: refs.known_steps(4), lambda: refs.known_steps(2),
+           lambda: refs.known_steps(2, 2), lambda: refs.bf16_reference(BF16))
+
 CHECKS = {f"test_{f.__name__}": f for f in (
     build_engine, build_engine_training, train_micro_batches, train_micro_batches_zero3, train_micro_batches_loss,
     train_micro_batches_bf16, save_and_report, save_and_report_resume, save_and_report_epoch, restore_checkpoint,
