@@ -35,6 +35,41 @@ PRELOAD = ("autograder.checks", "nbgrader.apps", "nbgrader.converters.autograde"
            "nbconvert.exporters.html", "traitlets.config.loader")
 
 
+PREPARE_LIMIT_S = 180    # a module's references that take longer are left to each job (which then reports why)
+
+
+def _prepare(module: str, env: dict) -> None:
+    """The module's references computed once in this warm worker, with the first job's environment, for every job
+    it forks (``autograder.checks.prepare``). Whatever goes wrong, each job computes them itself."""
+    import os
+    import signal
+
+    def too_long(*_):
+        raise TimeoutError(f"preparing {module}'s references took more than {PREPARE_LIMIT_S} s")
+
+    saved = dict(os.environ)
+    previous = signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(PREPARE_LIMIT_S)
+    sys.stdout.flush()
+    answers = os.dup(1)            # this process answers the grader on stdout: nothing else may write there, so
+    os.dup2(2, 1)                  # what the references print (and the ranks they fork) goes to stderr
+    try:
+        os.environ.update(env)
+        from autograder.checks import prepare
+
+        prepare(module)
+    except Exception as e:  # noqa: BLE001  (the jobs compute them, and report a failure)
+        print(f"warm worker: {module}'s references not prepared: {type(e).__name__}: {e}", file=sys.stderr)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        sys.stdout.flush()
+        os.dup2(answers, 1)
+        os.close(answers)
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def serve() -> int:
     """The warm worker (``autograder.contain.WarmWorker``): import ``PRELOAD``, say ``ready``, then for each
     request line (JSON: call, argv, cwd, env, log, cgroup_procs) fork a job that calls ``call`` (``module:function``,
@@ -47,8 +82,12 @@ def serve() -> int:
         importlib.import_module(name)
     _die_with_parent()
     print("ready", flush=True)
+    prepared: set[str] = set()
     for line in sys.stdin:
         req = json.loads(line)
+        if req["call"] == "autograder.worker:main" and len(req["argv"]) >= 3 and req["argv"][2] not in prepared:
+            prepared.add(req["argv"][2])
+            _prepare(req["argv"][2], req["env"])
         pid = os.fork()
         if pid == 0:                                   # the job
             code = 70

@@ -84,3 +84,24 @@ def test_modules_judged_outside_have_no_hidden_tests_and_no_cell_judged_in_the_k
         for gid in asked(module):
             cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == gid)
             assert f'asked("{gid}")' in cell.source, f"{module}/{gid}: the test cell does not run what is asked"
+
+
+def test_preparing_the_references_starts_no_thread_that_a_forked_job_would_wait_for():
+    """A warm worker computes every module's references (``prepare``) and then forks the jobs: a thread started
+    there (OpenMP's pool, on a torch computation with more than one thread) does not exist in the job, which then
+    waits for it forever. Measured: module 07's reference on 2 threads left one more thread; on 1, none."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os\n"
+            "from autograder.checks import CODE, prepare\n"
+            "before = len(os.listdir('/proc/self/task'))\n"
+            "for module in CODE:\n"
+            "    prepare(module)\n"
+            "print(before, len(os.listdir('/proc/self/task')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after = map(int, out.stdout.split()[-2:])
+    assert after == before, f"preparing the references left {after - before} more thread(s) in the grader"

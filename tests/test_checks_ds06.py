@@ -88,19 +88,3 @@ def test_the_known_step_reference_is_checked():
     ds06._check_known_step("rank 0", reference, 2)
     with pytest.raises(AssertionError, match="known engine"):
         ds06._check_known_step("rank 0", {k: v + 1e-2 for k, v in reference.items()}, 2)
-
-
-def test_the_bf16_reference_is_read_back_from_the_graders_cache_as_plain_data(tmp_path, monkeypatch):
-    import json
-
-    import torch
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(refs, "_bf16", {})
-    spec = dict(ds06.BF16, lr=0.5)               # a spec of its own
-    kept = [({"w": torch.full((2, 3), float(rank))}, [1.0, 2.0]) for rank in range(2)]
-    path = refs._cache_file(spec, 2)
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(plain(kept)))
-    got = refs.bf16_reference(spec)
-    assert [(w["w"].tolist(), losses) for w, losses in got] == [(w["w"].tolist(), losses) for w, losses in kept]

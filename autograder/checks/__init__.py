@@ -37,6 +37,24 @@ CODE = {module: importlib.import_module(f"autograder.checks.{name}") for module,
         if (Path(__file__).parent / f"{name}.py").exists()}
 
 
+def prepare(module: str) -> None:
+    """Compute now what ``module``'s checks compute the same way for every submission (their references: each checks
+    module's ``PREPARE``). A warm worker calls it before it forks a job (``autograder.worker.serve``), so that its
+    jobs share the result instead of each computing it again; only the grader's own code runs here.
+
+    On one torch thread: a process that forks must not have started OpenMP's thread pool (a forked job would wait
+    forever for the pool's threads, which it does not have); the tolerances hold at 1 thread."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for make in getattr(CODE.get(module), "PREPARE", ()):
+            make()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def judged_outside(module: str) -> set[str]:
     """The grade_ids of ``module`` whose score is decided here."""
     return set(concepts.KEYS.get(module, {})) | set(getattr(CODE.get(module), "CHECKS", {}))

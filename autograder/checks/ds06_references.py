@@ -10,15 +10,12 @@ engines of the test cells must reproduce.
   submission runs in it.
 
 Each is computed once per grading process (they do not depend on the submission) on one thread, as each rank runs;
-the bf16 reference once per machine (kept in the user's cache as plain JSON).
+the warm worker computes them all once before it forks the jobs (``PREPARE`` in ds06.py).
 """
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import os
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -148,55 +145,16 @@ def _bf16_rank(rank, world_size, spec):
 _bf16: dict = {}
 
 
-def _machine() -> str:
-    """What a bf16 run's rounding may depend on: the CPU model and flags, MKL's code path, the library versions."""
-    from importlib.metadata import version
-
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = sorted({line.strip() for line in f if line.startswith(("model name", "flags"))})
-    except OSError:
-        import platform
-
-        cpu = [platform.processor(), platform.machine()]
-    return json.dumps([cpu, os.environ.get("MKL_CBWR"), torch.__version__, version("deepspeed")])
-
-
-def _cache_file(spec: dict, world_size: int) -> Path:
-    """Where the grader keeps a computed bf16 reference: the user's cache, which a jailed kernel cannot write (its
-    root is read-only and its home a tmpfs)."""
-    from coursekit.runtime import user_cache
-
-    key = hashlib.sha256(json.dumps([sorted(spec.items()), world_size, _machine()]).encode()).hexdigest()[:24]
-    return user_cache() / "grader-references" / f"ds06-bf16-{key}.json"
-
-
 def bf16_reference(spec: dict, world_size: int = 2):
     """Per rank: (weights as fp32, micro-batch losses) of the bf16 engine of `spec` trained with fp32 losses.
-    Computed once per machine (DeepSpeed's import and 2 ranks take about 5 s) and kept as plain JSON (tensors as
-    bytes, read back without unpickling anything)."""
-    from coursekit.evidence import plain, tensor
+    Computed once per process (DeepSpeed's import and 2 ranks take about 5 s): by the warm worker before it forks the
+    jobs (``PREPARE``). Never kept on disk, where code a grading job ran without the jail could change it."""
 
     key = tuple(sorted(spec.items()))
     if key in _bf16:
         return _bf16[key]
-    path = _cache_file(spec, world_size)
-    try:
-        kept = json.loads(path.read_text(encoding="utf-8"))
-        _bf16[key] = [({k: tensor(v) for k, v in weights.items()}, [float(x) for x in losses])
-                      for weights, losses in kept]
-        return _bf16[key]
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        pass
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from coursekit.distributed import run_distributed
 
     _bf16[key] = run_distributed(_bf16_rank, world_size, spec, timeout_s=120)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.part")
-        partial.write_text(json.dumps(plain(_bf16[key])), encoding="utf-8")
-        partial.replace(path)
-    except OSError:
-        pass      # a read-only cache: computed again next time
     return _bf16[key]

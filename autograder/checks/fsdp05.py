@@ -525,3 +525,8 @@ CHECKS = {f"test_{f.__name__}": f for f in (
     restore_checkpoint, restore_checkpoint_optimizer, export_full_state_dict, export_full_state_dict_weights,
     build_on_meta, build_on_meta_weights, build_on_meta_memory, shard_hybrid, shard_hybrid_training,
     shard_hybrid_device)}
+
+# what every submission's checks compare with, computed once by a warm worker before it forks the jobs
+PREPARE = (lambda: [trained_reference(seed, lr) for seed, lr, *_ in [VISIBLE_TRAINING, *ASKED["test_setup_fsdp_training"]]],
+           stepped_reference, mid_weights,
+           lambda: [seeded_weights(case[0]) for case in [VISIBLE_EXPORT, *ASKED["test_export_full_state_dict"]]])

@@ -455,3 +455,6 @@ CHECKS = {f"test_{f.__name__}": f for f in (
     training_state_files, training_state_rng, training_state_cpu, training_state_restart, resume_epoch, resume_state,
     resume_storage, make_run_config_failures, make_run_config_keep, make_run_config_score, build_tuner_search,
     build_tuner_asha)}
+
+# what every submission's checks compare with, computed once by a warm worker before it forks the jobs
+PREPARE = (ref.uninterrupted,)
