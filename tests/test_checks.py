@@ -1,11 +1,14 @@
 """The verdicts decided outside the kernel (autograder/checks): evidence read only from its own cell, concept
 answers judged by their form and their key, and the scan that flags code reaching for the grading machinery."""
+import json
+
 import nbformat
 import pytest
 
 from autograder.checks import evidence, judge, judged_outside
 from autograder.checks.concepts import KEYS
 from autograder.checks.tamper import scan
+from autograder.paths import modules
 from coursekit.evidence import MIME, hand_in, plain
 
 
@@ -69,12 +72,12 @@ def test_scan_flags_reaching_for_the_grader_in_student_cells_only(tmp_path):
 
 
 def test_modules_judged_outside_have_no_hidden_tests_and_no_cell_judged_in_the_kernel():
-    """In a module whose code exercises autograder/checks judges, every graded cell is judged there, no notebook
+    """Every module's code exercises are judged in autograder/checks: every graded cell is judged there, no notebook
     holds hidden tests, and what the grader asks the test cells to run names cells of the module."""
     from autograder.checks import CODE, asked
     from autograder.paths import SOLUTIONS
 
-    assert CODE, "no module's code exercises are judged outside the kernel"
+    assert set(CODE) == set(modules()), f"judged in the kernel still: {sorted(set(modules()) - set(CODE))}"
     for module in CODE:
         nb = nbformat.read(SOLUTIONS / module / f"{module}.ipynb", as_version=4)
         graded = {c.metadata["nbgrader"]["grade_id"] for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")}
@@ -105,3 +108,20 @@ def test_preparing_the_references_starts_no_thread_that_a_forked_job_would_wait_
     assert out.returncode == 0, out.stderr[-2000:]
     before, after = map(int, out.stdout.split()[-2:])
     assert after == before, f"preparing the references left {after - before} more thread(s) in the grader"
+
+
+def test_what_the_grader_asks_a_kernel_to_run_is_inputs_never_answer_code():
+    """COURSE_ASKED reaches the kernel, where a submission's code can read it while it is graded: it holds inputs
+    (seeds, sizes, configs), never code; above all no line of a solution cell."""
+    from autograder.checks import asked
+    from autograder.paths import SOLUTIONS
+
+    for module in modules():
+        sent = json.dumps(asked(module))
+        nb = nbformat.read(SOLUTIONS / module / f"{module}.ipynb", as_version=4)
+        answers = [line.strip() for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")
+                   for line in c.source.splitlines()]
+        leaked = [line for line in answers if len(line) > 12 and not line.startswith(("#", "###")) and line in sent]
+        assert not leaked, f"{module}: answer lines in what the grader asks: {leaked[:3]}"
+        for word in ("def ", "lambda", "import ", "return "):
+            assert word not in sent, f"{module}: code ({word!r}) in what the grader asks the kernel to run"
