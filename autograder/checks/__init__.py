@@ -10,10 +10,11 @@ its verdict into the notebook that the feedback page is made from.
 
 What a student's code can still change is the data it hands in: to pass, that data has to be right.
 
-Judged here so far: every concept question of every module (``concepts``) and every code exercise of modules 01
-(``ddp01``), 02 (``ray02``) and 03 (``data03``): their test cells hand in the runs and run the hidden cases the grader asks for
-(``asked``). The other modules' code exercises still run their hidden tests in the kernel; ``tamper.scan`` lists submissions that reach
-for the grading machinery.
+Judged here: every graded cell of every module. The concept questions (``concepts``) and the code exercises of
+modules 01 (``ddp01``), 02 (``ray02``), 03 (``data03``), 04 (``ft04``), 05 (``fsdp05``), 06 (``ds06``) and 07
+(``scale07``): their test cells hand in the runs and run the hidden cases the grader asks for (``asked``: inputs,
+never code); the references are computed here (once per warm worker: ``prepare``). ``tamper.scan`` lists
+submissions that reach for the grading machinery, for a human look.
 """
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ VERDICT = "Graded outside your kernel"
 
 
 # module -> its code exercises' checks here: CHECKS (grade_id -> check of the handed-in data, which raises
-# AssertionError or returns what passed) and ASKED (grade_id -> the hidden inputs its test cell runs when grading)
+# AssertionError or returns what passed), ASKED (grade_id -> the hidden inputs its test cell runs when grading),
+# HIDDEN_CHECKS (the cells whose checks here demand more than the notebook's visible ones, where ASKED does not
+# show it) and PREPARE (the references every submission shares)
 # (one file here per module: ddp01, ray02, data03, ft04, fsdp05, ds06, scale07; a module without its file yet is
 # judged in the kernel)
 FILES = {"01_ddp_pytorch": "ddp01", "02_ray_train": "ray02", "03_ray_data": "data03", "04_fault_tolerance": "ft04",
