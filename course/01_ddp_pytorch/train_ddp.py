@@ -205,6 +205,9 @@ def main(argv: list[str] | None = None) -> None:
                 "checkpoint": str(ckpt_path)}, indent=1))
 
     # 8. Leave the group cleanly.
+    #    Together: a rank that tore its gloo connections down while rank 0 still evaluated once aborted at exit
+    #    ("terminate called without an active exception"), and rank 0's torchrun agent waited for it.
+    dist.barrier()
     dist.destroy_process_group()
 
 
