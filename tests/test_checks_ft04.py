@@ -72,20 +72,7 @@ def _run_config_verdicts(code: str) -> dict:
 
 def _cases():
     mod = _answers()
-    wrong = [w for w in [mod.WRONG, *mod.MORE_WRONG]]
-    return mod, wrong
-
-
-def test_make_run_config_reference_and_right_pass_and_each_mistake_loses_its_cells():
-    mod, wrongs = _cases()
-    assert all(_run_config_verdicts(_reference("make_run_config")).values())
-    assert all(_run_config_verdicts(mod.RIGHT["make_run_config"]).values())
-    for wrong in wrongs:
-        if "make_run_config" not in wrong:
-            continue
-        code, keeps = wrong["make_run_config"]
-        verdicts = _run_config_verdicts(code)
-        assert {gid for gid, passed in verdicts.items() if passed} == set(keeps), (code, verdicts)
+    return mod, [mod.WRONG, *mod.MORE_WRONG]
 
 
 def _tuner_data(build_tuner, cases) -> dict:
@@ -112,16 +99,18 @@ def _tuner_verdicts(code: str) -> dict:
             for gid in ("test_build_tuner_search", "test_build_tuner_asha")}
 
 
-def test_build_tuner_reference_and_right_pass_and_each_mistake_loses_its_cells():
+@pytest.mark.parametrize("exercise, verdicts", [("make_run_config", _run_config_verdicts),
+                                               ("build_tuner", _tuner_verdicts)])
+def test_reference_and_right_pass_and_each_mistake_loses_its_cells(exercise, verdicts):
     mod, wrongs = _cases()
-    assert all(_tuner_verdicts(_reference("build_tuner")).values())
-    assert all(_tuner_verdicts(mod.RIGHT["build_tuner"]).values())
+    assert all(verdicts(_reference(exercise)).values())
+    assert all(verdicts(mod.RIGHT[exercise]).values())
     for wrong in wrongs:
-        if "build_tuner" not in wrong:
+        if exercise not in wrong:
             continue
-        code, keeps = wrong["build_tuner"]
-        verdicts = _tuner_verdicts(code)
-        assert {gid for gid, passed in verdicts.items() if passed} == set(keeps), (code, verdicts)
+        code, keeps = wrong[exercise]
+        got = verdicts(code)
+        assert {gid for gid, passed in got.items() if passed} == set(keeps), (code, got)
 
 
 def test_nothing_handed_in_fails_every_cell_with_a_message():
