@@ -5,6 +5,8 @@ The notebook calls them in your kernel; the grader calls the same functions on t
 (with references it computes itself)."""
 from __future__ import annotations
 
+from coursekit.exercise_checks.ray_train import max_difference   # the largest |difference| of two state dicts
+
 BUILD_CASE = dict(global_batch_size=24, micro_batch_size=6, lr=1e-2, stage=2)   # 24 = 6 x 2 micro-batches x 2 ranks
 WORLD_SIZE = 2               # the ranks of the checks of Exercises 1, 2 and 4 (Exercise 3: 4, as 2 nodes x 2)
 SAME_RUN = 1e-4              # train_micro_batches: weights within this of DDP's run, relative to the distance moved
@@ -78,10 +80,6 @@ def check_reports(reports: list) -> None:
 def check_next_epoch(next_epoch, saved_epoch: int) -> None:
     assert next_epoch == saved_epoch + 1, (
         f"return the epoch to continue from: the saved epoch ({saved_epoch}) + 1, not {next_epoch}")
-
-
-def max_difference(a: dict, b: dict) -> float:
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
 def check_restored_weights(where: str, restored: dict, saved: dict) -> None:
