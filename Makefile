@@ -15,6 +15,8 @@
 #   make release      the student-only copy in build/student-release, checked for answers and hidden tests
 #                     (THROUGH=03_ray_data: modules 01-03 only, for a class that opens one module at a time)
 #   make bench        the performance harness -> bench/results.json, bench/RESULTS.md (long: run it alone on a quiet machine)
+#   make mutants      mutation testing of the grader's checks (MODULE=05_fsdp2: one module; default all, hours):
+#                     per exercise, the share of its reference answer's mutants caught -> the bench's mutants section
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
@@ -28,7 +30,7 @@ LAB_ARGS ?=
 # JupyterLab refuses to run as root unless told; containers and CI machines often are root.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: jail browser lint lab test test-fast course assignments grade release bench venv clean
+.PHONY: jail browser lint lab test test-fast course assignments grade release bench mutants venv clean
 
 venv: $(STAMP)
 
@@ -93,6 +95,9 @@ release: $(DEV_STAMP)
 
 bench: jail
 	$(PY) -m bench
+
+mutants: jail
+	$(PY) -m bench --only mutants $(if $(MODULE),--modules $(MODULE))
 
 clean:
 	rm -rf build

@@ -441,6 +441,11 @@ class Kernel:
                 pass
             self.started = False
 
+    def alive(self) -> bool:
+        from nbclient.util import run_sync
+
+        return bool(self.client.kc) and run_sync(self.client.km.is_alive)()
+
     def run(self, index: int, source: str | None = None) -> tuple[dict, str | None]:
         """Execute cell ``index`` (with ``source`` instead of its own, if given); return (the cell, its error)."""
         cell = copy.deepcopy(self.nb.cells[index])
@@ -545,7 +550,7 @@ def run_module(module: str, only: str | None = None, out: Path = OUT, log=print)
                     verdict, why = _graded(kernel, ex, m.source)
                 except DeadKernelError as e:
                     verdict, why = "killed", f"the kernel died ({e})"
-                if not kernel.client.kc or not kernel.client.km.is_alive():
+                if not kernel.alive():
                     kernel.stop()
                     kernel.start()
                     done = 0
@@ -573,6 +578,31 @@ def summary(rows: list[dict]) -> dict:
     counts = {v: sum(r["verdict"] == v for r in rows) for v in ("killed", "survived", "equivalent", "timeout")}
     live = len(rows) - counts["equivalent"]
     return {"generated": len(rows), **counts, "score": round(counts["killed"] / live, 3) if live else None}
+
+
+def collect(result: dict) -> dict:
+    """A module's results (``run_module``'s) with the reviewed file's equivalents applied as it reads now: per
+    exercise, the counts, the score, the equivalents with their reasons and what survived or timed out."""
+    known = equivalents()
+    out = {"seconds": result.get("seconds"), "exercises": {}}
+    for name, row in result["exercises"].items():
+        if row.get("error"):
+            out["exercises"][name] = {"error": row["error"], "generated": 0, "score": None}
+            continue
+        reasons = known.get((result["module"], name), {})
+        rows = []
+        for m in row["mutants"]:
+            key = f"{m['operator']}: {m['change']}"
+            if m["verdict"] in ("survived", "equivalent"):
+                m = {**m, "verdict": "equivalent" if key in reasons else "survived",
+                     "message": reasons.get(key, m["message"])}
+            rows.append({**m, "key": key})
+        out["exercises"][name] = {
+            **summary(rows), "seconds": row.get("seconds"),
+            "equivalents": [{"mutant": m["key"], "reason": m["message"]} for m in rows if m["verdict"] == "equivalent"],
+            "left": [{"mutant": m["key"], "verdict": m["verdict"]} for m in rows
+                     if m["verdict"] in ("survived", "timeout")]}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

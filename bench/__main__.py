@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bench.report import REPO, figure, machine, markdown
 
-SECTIONS = ["notebooks", "fit_cost", "throughput", "data", "grading", "memory"]
+SECTIONS = ["notebooks", "fit_cost", "throughput", "data", "grading", "memory", "mutants"]
 
 # Targets: what the course promises (README, `make bench`); RESULTS.md sets each figure against its target
 COURSE_WALL_S = 600          # every notebook, CPU mode, in at most 10 minutes
@@ -23,6 +23,7 @@ FIT_TORCHRUN_RATIO = 1.5     # that fit() / torchrun starting the same 2-process
 THROUGHPUT_RATIO = 0.9       # Ray Train DDP / torchrun DDP
 GRADING_S = 30               # per submission per module
 MEMORY_TOLERANCE = 0.10      # measured / predicted model state per rank
+MUTANTS_KILLED = 0.95        # per exercise: the share of its non-equivalent mutants that its checks catch
 
 
 # psutil's process start times can read a fraction of a second early (whole-second boot time plus clock ticks),
@@ -323,6 +324,49 @@ def memory(ctx: dict) -> dict:
                     "Target: within 10%.")}
 
 
+def mutants(ctx: dict) -> dict:
+    """Mutation testing of the grader's checks (``autograder.mutants``), one module per process; ``--modules``
+    measures only those and keeps the other modules' figures of the last run. Short mode: one exercise of
+    module 01 (the same code path)."""
+    from autograder import mutants as mt
+    from autograder.checks import FILES
+
+    out = ctx["work"] / "mutants"
+    previous = (ctx.get("previous") or {}).get("details", {})
+    chosen = ["01_ddp_pytorch"] if ctx["short"] else (ctx.get("modules") or list(FILES))
+    details = {m: d for m, d in previous.items() if m not in chosen and not ctx["short"]}
+    for module in chosen:
+        cmd = [sys.executable, "-m", "autograder.mutants", module, "--out", str(out)]
+        if ctx["short"]:
+            cmd += ["--exercise", "save_checkpoint"]
+        try:
+            _run(cmd, ctx["work"] / f"mutants-{module}.log", 4 * 3600)
+        except RuntimeError as e:          # a reference that fails its checks: its exercise says so below
+            print(f"[bench]   {module}: {str(e).splitlines()[0]}", flush=True)
+        name = module + (".save_checkpoint" if ctx["short"] else "")
+        details[module] = mt.collect(json.loads((out / f"{name}.json").read_text()))
+    figures, table, notes = [], ["| exercise | generated | killed | equivalent | survived | timed out | s |",
+                                 "|---|---|---|---|---|---|---|"], []
+    for module in sorted(details):
+        for exercise, row in details[module]["exercises"].items():
+            figures.append(figure(f"{module} {exercise}: mutants killed", row["score"], "share", MUTANTS_KILLED,
+                                  ">=", note=row.get("error") or f"{len(row.get('left', []))} left: see below"))
+            table.append(f"| {module} {exercise} | {row['generated']} | {row.get('killed', '-')} | "
+                         f"{row.get('equivalent', '-')} | {row.get('survived', '-')} | {row.get('timeout', '-')} | "
+                         f"{row.get('seconds') or '-'} |")
+            notes += [f"{module} {exercise}, equivalent: `{e['mutant']}`: {e['reason']}" for e in row.get("equivalents", [])]
+            notes += [f"{module} {exercise}, **{e['verdict']}**: `{e['mutant']}`" for e in row.get("left", [])]
+        figures.append(figure(f"{module}: mutation run", details[module]["seconds"], "s"))
+    return {"figures": figures, "table": table, "notes": notes, "details": details,
+            "how": ("`python -m autograder.mutants` (`make mutants MODULE=...`): each mutant of an exercise's "
+                    "reference answer (cosmic-ray's operators and this domain's, on the answer's part of the cell) "
+                    "runs in the course's kernel in grading mode, and the exercise's test cells are judged outside "
+                    "the kernel by the grader's checks. Killed: a check fails (or the answer raises, or the kernel "
+                    "dies); equivalent: survived and listed, with its reason, in "
+                    "`autograder/checks/equivalent_mutants.toml`; a timeout counts like a survivor. "
+                    "Figure: killed / (generated - equivalent). Target: at least 95% per exercise.")}
+
+
 def _kept(path: Path, fresh: dict) -> dict:
     """``--only``: the last results of the same mode, whose other sections stay as they were (the header keeps
     their run's machine and date; each re-measured section says when it was measured)."""
@@ -334,7 +378,7 @@ def _kept(path: Path, fresh: dict) -> dict:
 
 
 FUNCS = {"notebooks": notebooks, "fit_cost": fit_cost, "throughput": throughput, "data": data,
-         "grading": grading, "memory": memory}
+         "grading": grading, "memory": memory, "mutants": mutants}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -342,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--short", action="store_true", help="smallest settings, same code paths (CI: a fraction of the full run's time)")
     p.add_argument("--out", type=Path, default=REPO / "bench", help="where results.json and RESULTS.md go")
     p.add_argument("--only", default=None, help=f"comma-separated sections (default: all of {', '.join(SECTIONS)})")
+    p.add_argument("--modules", default=None, help="the mutants section: only these modules (comma-separated); "
+                   "the others keep their last figures")
     args = p.parse_args(argv)
     chosen = args.only.split(",") if args.only else SECTIONS
     unknown = set(chosen) - set(SECTIONS)
@@ -356,11 +402,12 @@ def main(argv: list[str] | None = None) -> int:
         results = _kept(out / "results.json", results)
     measured = {"command": "python -m bench" + (" --short" if args.short else "")
                 + (f" --only {args.only}" if args.only else ""), **machine()}
-    ctx: dict = {"short": args.short, "work": work}
+    ctx: dict = {"short": args.short, "work": work, "modules": args.modules.split(",") if args.modules else None}
     start = time.perf_counter()
     for name in chosen:
         print(f"[bench] {name} ...", flush=True)
         t0 = time.perf_counter()
+        ctx["previous"] = results["sections"].get(name)
         try:
             section = FUNCS[name](ctx)
             section["error"] = None

@@ -106,6 +106,7 @@ TITLES = {
     "data": "4. Ray Data vs a DataLoader, module 03's preprocessing",
     "grading": "5. Grading seconds per submission per module",
     "memory": "6. Per-rank model-state memory vs coursekit.planner.predict",
+    "mutants": "7. Mutation testing of the grader's checks: the share of each exercise's mutants caught",
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from helpers import REPO
 
-SECTIONS = ["notebooks", "fit_cost", "throughput", "data", "grading", "memory"]
+SECTIONS = ["notebooks", "fit_cost", "throughput", "data", "grading", "memory", "mutants"]
 
 
 @pytest.mark.slow

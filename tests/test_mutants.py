@@ -1,0 +1,96 @@
+"""autograder.mutants: the operators make the mistakes they name, only in the student's part of a cell; the
+reviewed file of equivalent mutants names mutants the references still produce, each with a reason; the
+summary counts a timeout against the exercise. (The runs themselves: the bench's mutants section, which the
+short benchmark runs on one exercise.)"""
+import tomllib
+
+import nbformat
+import pytest
+
+from autograder import mutants as mt
+from autograder.checks import FILES
+from helpers import REPO
+
+CELL = '''def step(model, optimizer, loader, checkpoint):
+    """Given by the release: not mutated."""
+    seed = 0
+    ### BEGIN SOLUTION
+    rank = dist.get_rank()
+    for epoch in range(3):
+        total = 0.0
+        sampler.set_epoch(epoch)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp_replicate", "dp_shard"))
+    state = get_model_state_dict(model)
+    with checkpoint.as_directory() as folder:
+        load(folder)
+    device = ray.train.torch.get_device()
+    ### END SOLUTION
+    return rank
+'''
+
+
+@pytest.fixture(scope="module")
+def found():
+    return mt.mutants(CELL)
+
+
+def changes(found, operator):
+    return [m.diff for m in found if m.operator == operator]
+
+
+def test_only_the_answer_part_is_mutated(found):
+    given = [m for m in found if "Given by the release" not in m.source or "seed = 0" not in m.source
+             or not m.source.rstrip().endswith("return rank")]
+    assert not given, f"mutants of the release's own lines: {[m.key for m in given]}"
+    assert all(m.source != CELL for m in found) and len({m.source for m in found}) == len(found)
+
+
+def test_domain_operators(found):
+    swaps = " ".join(changes(found, "swap-names"))
+    for new in ("get_local_rank()", "ReduceOp.AVG", "('dp_shard', 'dp_replicate')"):
+        assert new in swaps or new in " ".join(changes(found, "reverse-tuple")), new
+    assert any("+ dist.all_reduce(total)" in c for c in changes(found, "keyword"))
+    assert any("op=None" in c for c in changes(found, "keyword"))
+    assert any(c.startswith("- sampler.set_epoch(epoch)") for c in changes(found, "remove-call"))
+    assert any("total = 0.0 <out of> for epoch in range(3):" == c for c in changes(found, "hoist-accumulator"))
+    assert any("(4, 2)" in c for c in changes(found, "reverse-tuple"))
+    assert any("nullcontext(checkpoint.path)" in c for c in changes(found, "as-directory-to-path"))
+    assert any("full_state_dict=True" in c for c in changes(found, "full-state-dict"))
+    assert any("device('cpu')" in c for c in changes(found, "driver-device"))
+    assert any("<before>" in c for c in changes(found, "swap-statements"))
+
+
+def test_cosmic_ray_operators(found):
+    assert any("range(4)" in c or "range( 4)" in c for c in changes(found, "NumberReplacer"))
+    assert any("for epoch in []" in c for c in changes(found, "ZeroIterationForLoop"))
+
+
+def test_every_mutant_compiles(found):
+    for m in found:
+        compile(m.source, m.key, "exec")
+
+
+def test_summary_counts_a_timeout_against_the_exercise():
+    rows = [{"verdict": v} for v in ("killed", "killed", "equivalent", "timeout", "survived")]
+    assert mt.summary(rows) == {"generated": 5, "killed": 2, "survived": 1, "equivalent": 1, "timeout": 1,
+                                "score": 0.5}
+
+
+def test_equivalents_are_reviewed_mutants_of_the_references():
+    """Every entry of the reviewed file: a module and exercise that exist, a mutant the reference answer still
+    produces (a stale entry would excuse nothing, or something else), and a reason."""
+    rows = tomllib.loads(mt.EQUIVALENT_FILE.read_text()).get("equivalent", [])
+    assert rows, "the reviewed file lists no equivalent mutant"
+    made: dict[tuple[str, str], set[str]] = {}
+    for row in rows:
+        assert set(row) == {"module", "exercise", "mutant", "reason"}, row
+        assert row["module"] in FILES, row
+        key = (row["module"], row["exercise"])
+        if key not in made:
+            nb = nbformat.read(REPO / "solutions" / key[0] / f"{key[0]}.ipynb", as_version=4)
+            ex = {e.name: e for e in mt.exercises(key[0], nb)}
+            assert key[1] in ex, f"{key}: no such exercise"
+            made[key] = {m.key for m in mt.mutants(nb.cells[ex[key[1]].answer].source)}
+        assert row["mutant"] in made[key], f"{key}: the reference no longer makes the mutant {row['mutant']!r}"
+        assert len(row["reason"].split()) >= 8, f"{key}: say why {row['mutant']!r} computes the same thing"
