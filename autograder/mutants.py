@@ -7,7 +7,7 @@ small change each: ``operators``) are graded the way a submission is, and each o
 - **killed**: at least one of the exercise's graded cells fails (the message a student would read is kept), or
   the answer cell itself raises, or the kernel dies (nbgrader then scores the whole notebook 0);
 - **survived**: every graded cell of the exercise passes, as it does for the reference;
-- **equivalent**: survived, and listed in ``autograder/checks/equivalent_mutants.toml`` with the reason it
+- **equivalent**: survived, and listed in ``autograder/checks/equivalent/MODULE.toml`` with the reason it
   computes the same thing as the reference (reviewed by a person, like any code);
 - **timeout**: a cell ran past the limit. Never a verdict: it counts against the exercise, like a survivor.
 
@@ -41,7 +41,7 @@ from pathlib import Path
 
 from coursekit.paths import REPO
 
-EQUIVALENT_FILE = REPO / "autograder" / "checks" / "equivalent_mutants.toml"
+EQUIVALENT = REPO / "autograder" / "checks" / "equivalent"     # MODULE.toml: the reviewed equivalents of a module
 OUT = REPO / "build" / "mutants"
 CELL_LIMIT_S = 240          # a mutant's cell that runs longer is stopped: a "timeout", counted against the exercise
 
@@ -397,12 +397,11 @@ def exercises(module: str, nb) -> list[Exercise]:
 
 
 def equivalents() -> dict[tuple[str, str], dict[str, str]]:
-    """(module, exercise) -> {mutant key: the reason it is equivalent}, from the reviewed file."""
-    if not EQUIVALENT_FILE.exists():
-        return {}
+    """(module, exercise) -> {mutant key: the reason it is equivalent}, from the reviewed files (one per module)."""
     out: dict[tuple[str, str], dict[str, str]] = {}
-    for row in tomllib.loads(EQUIVALENT_FILE.read_text()).get("equivalent", []):
-        out.setdefault((row["module"], row["exercise"]), {})[row["mutant"]] = row["reason"]
+    for path in sorted(EQUIVALENT.glob("*.toml")):
+        for row in tomllib.loads(path.read_text()).get("equivalent", []):
+            out.setdefault((path.stem, row["exercise"]), {})[row["mutant"]] = row["reason"]
     return out
 
 

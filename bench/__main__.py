@@ -363,7 +363,7 @@ def mutants(ctx: dict) -> dict:
                     "runs in the course's kernel in grading mode, and the exercise's test cells are judged outside "
                     "the kernel by the grader's checks. Killed: a check fails (or the answer raises, or the kernel "
                     "dies); equivalent: survived and listed, with its reason, in "
-                    "`autograder/checks/equivalent_mutants.toml`; a timeout counts like a survivor. "
+                    "`autograder/checks/equivalent/MODULE.toml`; a timeout counts like a survivor. "
                     "Figure: killed / (generated - equivalent). Target: at least 95% per exercise.")}
 
 
