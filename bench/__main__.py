@@ -331,7 +331,7 @@ def mutants(ctx: dict) -> dict:
     from autograder import mutants as mt
     from autograder.checks import FILES
 
-    out = ctx["work"] / "mutants"
+    out = ctx["work"] / "mutants" if ctx["short"] else mt.OUT
     previous = (ctx.get("previous") or {}).get("details", {})
     chosen = ["01_ddp_pytorch"] if ctx["short"] else (ctx.get("modules") or list(FILES))
     details = {m: d for m, d in previous.items() if m not in chosen and not ctx["short"]}
@@ -339,10 +339,11 @@ def mutants(ctx: dict) -> dict:
         cmd = [sys.executable, "-m", "autograder.mutants", module, "--out", str(out)]
         if ctx["short"]:
             cmd += ["--exercise", "save_checkpoint"]
-        try:
-            _run(cmd, ctx["work"] / f"mutants-{module}.log", 4 * 3600)
-        except RuntimeError as e:          # a reference that fails its checks: its exercise says so below
-            print(f"[bench]   {module}: {str(e).splitlines()[0]}", flush=True)
+        if not ctx.get("collect"):
+            try:
+                _run(cmd, ctx["work"] / f"mutants-{module}.log", 4 * 3600)
+            except RuntimeError as e:          # a reference that fails its checks: its exercise says so below
+                print(f"[bench]   {module}: {str(e).splitlines()[0]}", flush=True)
         name = module + (".save_checkpoint" if ctx["short"] else "")
         details[module] = mt.collect(json.loads((out / f"{name}.json").read_text()))
     figures, table, notes = [], ["| exercise | generated | killed | equivalent | survived | timed out | s |",
@@ -388,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=None, help=f"comma-separated sections (default: all of {', '.join(SECTIONS)})")
     p.add_argument("--modules", default=None, help="the mutants section: only these modules (comma-separated); "
                    "the others keep their last figures")
+    p.add_argument("--collect", action="store_true", help="the mutants section: the last runs' results in "
+                   "build/mutants (python -m autograder.mutants), with the reviewed equivalents as they read now, "
+                   "instead of running them again")
     args = p.parse_args(argv)
     chosen = args.only.split(",") if args.only else SECTIONS
     unknown = set(chosen) - set(SECTIONS)
@@ -401,8 +405,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         results = _kept(out / "results.json", results)
     measured = {"command": "python -m bench" + (" --short" if args.short else "")
-                + (f" --only {args.only}" if args.only else ""), **machine()}
-    ctx: dict = {"short": args.short, "work": work, "modules": args.modules.split(",") if args.modules else None}
+                + (f" --only {args.only}" if args.only else "") + (f" --modules {args.modules}" if args.modules else "")
+                + (" --collect" if args.collect else ""), **machine()}
+    ctx: dict = {"short": args.short, "work": work, "modules": args.modules.split(",") if args.modules else None,
+                 "collect": args.collect}
     start = time.perf_counter()
     for name in chosen:
         print(f"[bench] {name} ...", flush=True)
