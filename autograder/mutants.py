@@ -20,7 +20,7 @@ then the reference runs again, so that later exercises start from the state a co
 
 The mutants: a selection of cosmic-ray's operators (numbers, comparisons, booleans, arithmetic, loops), and the
 operators of this domain written here: names swapped (global and local rank, world size, sum and mean, ...), a
-keyword argument dropped or set to None, 0 or 1, a call statement removed (``set_epoch``, a barrier,
+keyword argument dropped or set to None, 0 or 1, a seed changed, a call statement removed (``set_epoch``, a barrier,
 ``to_empty``, a seed, ``fully_shard``, ...), two neighbouring statements swapped, an accumulator hoisted out of its
 loop, a literal tuple reversed (a mesh's dimensions), ``as_directory()`` replaced by ``.path``, the workers' device
 replaced by the driver's, a full state dict where a sharded one is expected.
@@ -148,7 +148,7 @@ class Keywords(_Once):
         for i, kw in enumerate(list(node.keywords)):
             if kw.arg is None:
                 continue
-            numeric = isinstance(kw.value, (ast.Name, ast.Attribute)) or (
+            numeric = isinstance(kw.value, (ast.Name, ast.Attribute, ast.Subscript)) or (
                 isinstance(kw.value, ast.Constant) and type(kw.value.value) in (int, float))
             for value in ("drop", None, 0, 1) if numeric else ("drop", None):
                 if value != "drop" and isinstance(kw.value, ast.Constant) and kw.value.value == value \
@@ -160,6 +160,24 @@ class Keywords(_Once):
                     else:
                         node.keywords[i] = ast.keyword(kw.arg, ast.Constant(value))
                     return node
+        return node
+
+
+class ChangeSeed(_Once):
+    """A seed changed: ``torch.manual_seed(s)``, ``seed=s`` -> ``s + 1`` (a seed a check never varies passes a
+    function that ignores it)."""
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+        if name in ("manual_seed", "seed") and node.args and self.hit():
+            node.args[0] = ast.BinOp(node.args[0], ast.Add(), ast.Constant(1))
+            return node
+        for kw in node.keywords:
+            if kw.arg and "seed" in kw.arg and self.hit():
+                kw.value = ast.BinOp(kw.value, ast.Add(), ast.Constant(1))
+                return node
         return node
 
 
@@ -286,7 +304,7 @@ class FullStateDict(_Once):
         return node
 
 
-DOMAIN = {"swap-names": SwapNames, "keyword": Keywords, "remove-call": RemoveCall, "swap-statements": SwapStatements,
+DOMAIN = {"swap-names": SwapNames, "keyword": Keywords, "change-seed": ChangeSeed, "remove-call": RemoveCall, "swap-statements": SwapStatements,
           "hoist-accumulator": HoistAccumulator, "reverse-tuple": ReverseTuple,
           "as-directory-to-path": AsDirectoryToPath, "driver-device": DriverDevice, "full-state-dict": FullStateDict}
 

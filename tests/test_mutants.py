@@ -15,6 +15,7 @@ CELL = '''def step(model, optimizer, loader, checkpoint):
     """Given by the release: not mutated."""
     seed = 0
     ### BEGIN SOLUTION
+    torch.manual_seed(config["seed"])
     rank = dist.get_rank()
     for epoch in range(3):
         total = 0.0
@@ -59,6 +60,7 @@ def test_domain_operators(found):
     assert any("full_state_dict=True" in c for c in changes(found, "full-state-dict"))
     assert any("device('cpu')" in c for c in changes(found, "driver-device"))
     assert any("<before>" in c for c in changes(found, "swap-statements"))
+    assert any("manual_seed(config['seed'] + 1)" in c for c in changes(found, "change-seed"))
 
 
 def test_cosmic_ray_operators(found):
