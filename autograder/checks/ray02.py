@@ -21,8 +21,14 @@ ORACLE = rt.ORACLE_CONFIG
 ADAM = dict(epochs=2, global_batch_size=30, train_samples=180, lr=0.01, model="small_cnn", optimizer="adam", seed=3)
 UNEVEN = dict(ORACLE, epochs=1)                                  # 32 examples per step do not split over 3
 UNEVEN_HIDDEN = dict(ORACLE, global_batch_size=30, epochs=1)     # 30 = 4 x 7 + 2 (but 2 x 15 per node)
-RUNS = {"test_train_func_same_weights": ([2, ORACLE, 2], [[4, ORACLE, 2], [3, ADAM, 1]]),   # 2 nodes x 2, 3 x 1
-        "test_train_func_reports": ([2, ORACLE, 2], [[4, ORACLE, 2], [3, ADAM, 1]]),
+# 200 examples over 2 workers: 100 each, 6 batches of 16 and 4 left over (drop_last drops them, as the reference's
+# global batches of 32 drop the last 8); 3 epochs
+LEFT_OVER = dict(ORACLE, train_samples=200, epochs=3, seed=5)
+# ResNet18 (BatchNorm, the notebook's own model): with BatchNorm DDP is not one big batch, so this run is not
+# compared with one process; its model.pt says whether BatchNorm trained in training mode (every step counted)
+BATCHNORM = dict(ORACLE, model="resnet18", train_samples=64, epochs=1, lr=0.02, seed=2)
+RUNS = {"test_train_func_same_weights": ([2, ORACLE, 2], [[4, ORACLE, 2], [3, ADAM, 1], [2, LEFT_OVER, 2]]),
+        "test_train_func_reports": ([2, ORACLE, 2], [[4, ORACLE, 2], [3, ADAM, 1], [2, BATCHNORM, 2]]),
         "test_train_func_uneven_batch": ([3, UNEVEN, 3], [[4, UNEVEN_HIDDEN, 2]]),
         "test_train_func_one_worker": ([1, ORACLE, 1], [[1, ADAM, 1]]),
         "test_train_func_device": ([2, ORACLE, 2], [[4, ORACLE, 2], [3, ADAM, 1]])}
@@ -40,7 +46,7 @@ HIDDEN_RUN = [dict(_TRAINER, scaling={"num_workers": 3, "resources_per_worker": 
                    train_loop_config=dict(lr=0.3, seed=1)),
               dict(_TRAINER, scaling={"num_workers": 1}, storage_path="/mnt/cluster_storage/ray-train-course",
                    name="one", train_loop_config=dict(lr=0.2))]
-MODELS = {"test_load_model_storage": (["memory", 1], [["subtree", 2], ["memory", 4]]),
+MODELS = {"test_load_model_storage": (["memory", 1], [["subtree", 2], ["memory", 4], ["untrusted", 3]]),
           "test_load_model_for_inference": (["gpu", 5], [["gpu", 6], ["cpu", 6]])}
 
 ASKED = {"test_scaling_config_for_cpus": HIDDEN_CHOICES[:4], "test_scaling_config_for_gpus": HIDDEN_CHOICES[2:],
@@ -79,6 +85,21 @@ def _decode_run(by_rank: list) -> list:
     return out
 
 
+def _batchnorm_trained(by_rank: list, config: dict, local: int) -> str:
+    """A ResNet18 run: rank 0's last model.pt counts every step in each BatchNorm's num_batches_tracked (a model
+    left in eval mode, or put there, normalises with its running statistics and never updates them)."""
+    reports = rt.trained(by_rank, config, local)
+    last = reports[0][-1][1] if reports[0] else None
+    assert last is not None, "world rank 0 attaches a checkpoint with model.pt to its last report"
+    steps = config["epochs"] * (config["train_samples"] // config["global_batch_size"])
+    tracked = sorted({int(v.item()) for k, v in last.items() if k.endswith("num_batches_tracked")})
+    assert tracked == [steps], (
+        f"ResNet18 on {len(by_rank)} workers: its BatchNorm layers counted {tracked} batches in model.pt, expected "
+        f"{steps} (one per step): the model must train in training mode (model.train()), where BatchNorm normalises "
+        "each batch with its own statistics and updates the running ones")
+    return f"ResNet18's BatchNorm trained in training mode ({steps} steps counted)"
+
+
 def _runs(gid):
     visible, hidden = RUNS[gid]
     check = {"test_train_func_same_weights": lambda r, c, n: rt.check_same_weights(r, c, n, reference_for(c)),
@@ -93,7 +114,8 @@ def _runs(gid):
             by_rank = _entry(data, "runs", "layout", [ws, config, local],
                              f"train_func on {ws} worker(s), {local} per node")
             assert isinstance(by_rank, list) and len(by_rank) == ws, f"{len(by_rank or [])} ranks handed in, not {ws}"
-            done.append(check(_decode_run(by_rank), config, local))
+            done.append((_batchnorm_trained if config.get("model") == "resnet18" else check)(
+                _decode_run(by_rank), config, local))
         return "; ".join(done)
     return judge
 
@@ -109,16 +131,36 @@ def _trainers(check, visible, hidden):
     return judge
 
 
+def _refused(data: dict | None, case: list) -> None:
+    """load_model on a model.pt whose pickle calls a function: torch.load(weights_only=True) refuses it."""
+    for entry in (data or {}).get("models", []):
+        if entry.get("case") == case:
+            error = str(entry.get("error") or "")
+            assert error, ("load_model loaded a model.pt whose pickle calls a function while it is read (anyone who "
+                           "can write to the storage could have put it there): expected torch.load(..., "
+                           "weights_only=True), torch's default, to refuse it; do not pass weights_only=False")
+            assert "Weights only load failed" in error or "Unpickling" in error, (
+                f"load_model on a model.pt whose pickle calls a function should fail in torch.load(weights_only=True)'s "
+                f"refusal; it raised {error[:300]}")
+            return
+    raise AssertionError("the test cell handed in no result of load_model on an untrusted model.pt: run its cells in "
+                         "order, without errors, up to the end of the test cell")
+
+
 def _models(gid):
     visible, hidden = MODELS[gid]
     check = rt.check_loaded if gid == "test_load_model_storage" else rt.check_for_inference
 
     def judge(data):
         for storage, seed in [visible, *hidden]:
+            if storage == "untrusted":
+                _refused(data, [storage, seed])
+                continue
             got = dict(_entry(data, "models", "case", [storage, seed], f"load_model on a checkpoint in {storage} storage"))
             got["state"] = {k: tensor(v) for k, v in got.get("state", {}).items()}
             check(got, "small_cnn", rt.seeded_weights(seed))
-        return f"{1 + len(hidden)} checkpoints ({', '.join(sorted({s for s, _ in [visible, *hidden]}))}) loaded"
+        return (f"{1 + len(hidden)} checkpoints ({', '.join(sorted({s for s, _ in [visible, *hidden]}))}) loaded, "
+                "or refused when untrusted")
     return judge
 
 

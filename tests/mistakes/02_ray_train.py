@@ -200,6 +200,8 @@ MORE_WRONG = [
                                         "checkpoint_score_attribute=score_attribute,\n"
                                         "                            checkpoint_score_order='min' if 'loss' in "
                                         "score_attribute else 'max')"), ["test_build_trainer_run"]),
+        # "weights_only=False so that it loads whatever is in the file": a pickle that calls a function runs
+        "load_model": (_load("weights_only=True", "weights_only=False"), ["test_load_model_for_inference"]),
         # "DDP needs two workers": a single worker is never asked for
         "scaling_config_for": _scaling(
             "    return ScalingConfig(num_workers=max(2, choice['num_workers']), use_gpu=choice['use_gpu'],\n"
