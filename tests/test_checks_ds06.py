@@ -8,7 +8,8 @@ from autograder.paths import SOLUTIONS
 from coursekit.evidence import plain
 from coursekit.exercise_checks import deepspeed as ds
 
-TOOK = {"train_batch_size": 24, "micro": 6, "accumulation": 2, "stage": 2, "offload": None, "bf16": False, "lr": 1e-2}
+TOOK = {"train_batch_size": 24, "micro": 6, "accumulation": 2, "stage": 2, "offload": None, "bf16": False, "lr": 1e-2,
+        "clipping": 1.0, "optimizer": "AdamW", "decoupled": True, "weight_decay": 0.01}
 
 
 def test_every_code_cell_of_the_module_is_checked():
@@ -26,25 +27,57 @@ def test_check_took_says_what_was_expected():
     with pytest.raises(AssertionError, match="offload_optimizer"):
         ds.check_took({**TOOK, "stage": 3, "micro": 4, "train_batch_size": 16, "bf16": True, "lr": 1e-3},
                       ds06.OFFLOADED)
+    # a torch Adam handed to initialize: L2 penalty 0, not AdamW's decoupled 0.01 (3 steps of training stay within 2%)
+    with pytest.raises(AssertionError, match="AdamW"):
+        ds.check_took({**TOOK, "optimizer": "Adam", "decoupled": False, "weight_decay": 0}, ds.BUILD_CASE)
+    with pytest.raises(AssertionError, match="AdamW"):
+        ds.check_took({**TOOK, "weight_decay": 0.0}, ds.BUILD_CASE)
+    with pytest.raises(AssertionError, match="clipping"):
+        ds.check_took({**TOOK, "clipping": 0.0}, ds.BUILD_CASE)
 
 
-def _took_data(cases, change=None):
+def test_a_global_batch_that_does_not_split_is_refused():
+    case = ds06.NOT_A_MULTIPLE
+    ds.check_refused({"value": None, "error": "ValueError: the global batch 20 is not a multiple of 6 x 2"}, case)
+    ds.check_refused({"value": None, "error": "AssertionError: Check batch related parameters."}, case)
+    with pytest.raises(AssertionError, match="must raise"):
+        ds.check_refused({"value": dict(TOOK), "error": None}, case)
+    with pytest.raises(AssertionError, match="NameError"):
+        ds.check_refused({"value": None, "error": "NameError: name 'local_world_size' is not defined"}, case)
+
+
+def test_the_tag_is_checked():
+    ds.check_tag("checkpoint\n")
+    for latest, words in [(None, "latest"), ("global_step1", "TAG")]:
+        with pytest.raises(AssertionError, match=words):
+            ds.check_tag(latest)
+
+
+def _took_data(cases, change=None, at=-1):
     took = [{"value": dict(TOOK), "error": None} for _ in cases]
     for i, case in enumerate(cases):
+        if case is ds06.NOT_A_MULTIPLE:
+            took[i] = {"value": None, "error": "ValueError: not a multiple"}
+            continue
         micro = case["micro_batch_size"]
         took[i]["value"].update(train_batch_size=case["global_batch_size"], micro=micro, stage=case["stage"],
                                 accumulation=case["global_batch_size"] // (micro * 2), lr=case["lr"],
                                 offload="cpu" if case.get("offload_optimizer") else None, bf16=bool(case.get("bf16")))
     if change:
-        took[-1]["value"].update(change)
+        took[at]["value"].update(change)
     return {"cases": cases, "error": None, "ranks": [took, took]}
 
 
 def test_build_engine_judges_the_hidden_configs():
-    cases = [ds.BUILD_CASE, ds06.OFFLOADED, ds06.ONE_PASS]
+    cases = [ds.BUILD_CASE, *ds06.ASKED["test_build_engine"]]
     assert ds06.build_engine(_took_data(cases))
     with pytest.raises(AssertionError, match="lr=0.003"):
-        ds06.build_engine(_took_data(cases, {"lr": 1e-3}))
+        ds06.build_engine(_took_data(cases, {"lr": 1e-3}, at=cases.index(ds06.ONE_PASS)))
+    built = _took_data(cases)
+    built["ranks"] = [[*took[:-1], {"value": dict(TOOK), "error": None}] for took in built["ranks"]]
+    assert cases[-1] is ds06.NOT_A_MULTIPLE
+    with pytest.raises(AssertionError, match="must raise"):
+        ds06.build_engine(built)
     with pytest.raises(AssertionError, match="no engine built"):
         ds06.build_engine(_took_data(cases[:1]))
     with pytest.raises(AssertionError, match="failed"):

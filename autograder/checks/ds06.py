@@ -31,6 +31,10 @@ from coursekit.exercise_checks import deepspeed as ds
 
 OFFLOADED = dict(global_batch_size=16, micro_batch_size=4, lr=1e-3, stage=3, offload_optimizer=True, bf16=True)
 ONE_PASS = dict(global_batch_size=16, micro_batch_size=8, lr=3e-3, stage=1)     # 16 = 8 x 1 x 2: no accumulation
+# offload at ZeRO-2 too (not only beside stage 3), in fp32: 32 = 4 x 4 x 2
+OFFLOADED_ZERO2 = dict(global_batch_size=32, micro_batch_size=4, lr=5e-4, stage=2, offload_optimizer=True)
+# 20 is no multiple of 6 x 2: build_engine raises (ds.check_refused) rather than build an engine of another batch
+NOT_A_MULTIPLE = dict(global_batch_size=20, micro_batch_size=6, lr=1e-3, stage=1)
 TRAINING = [ds.BUILD_CASE, 3]        # the notebook's case trained for 3 optimizer steps
 TRAINING_BOUND = 0.02
 BF16 = dict(stage=1, micro=6, accumulation=2, lr=1e-2, micro_batches=4)
@@ -38,7 +42,7 @@ BF16_BOUND, BF16_LOSS = 1e-3, 1e-4
 RESUME_SEED = 7                      # the 4 new ranks' other weights
 KNOWN_STEPS = 0.02                   # see the spread above
 
-ASKED = {"test_build_engine": [OFFLOADED, ONE_PASS],
+ASKED = {"test_build_engine": [OFFLOADED, ONE_PASS, OFFLOADED_ZERO2, NOT_A_MULTIPLE],
          "test_build_engine_training": [TRAINING],
          "test_train_micro_batches_bf16": [BF16],
          "test_save_and_report_resume": [RESUME_SEED],
@@ -74,13 +78,17 @@ def _tensors(state: dict) -> dict:
 def build_engine(data):
     ranks = _ranks(data, "build_engine on 2 ranks")
     cases = (data or {}).get("cases", [])
-    for case in [ds.BUILD_CASE, OFFLOADED, ONE_PASS]:
+    for case in [ds.BUILD_CASE, OFFLOADED, ONE_PASS, OFFLOADED_ZERO2, NOT_A_MULTIPLE]:
         assert case in cases, f"the test cell handed in no engine built for {case}: {NOTHING}"
         i = cases.index(case)
         for rank, took in enumerate(ranks):
             assert isinstance(took, list) and len(took) == len(cases), f"rank {rank}: {len(took or [])} engines handed in"
+            if case is NOT_A_MULTIPLE:
+                ds.check_refused(took[i], case)
+                continue
             ds.check_took(_value(took[i], f"rank {rank}: build_engine(..., {case})"), case)
-    return "the batch sizes, stage, lr, offload and bf16 of 3 configs taken by the engine on both ranks"
+    return ("the batch sizes, stage, AdamW at lr, clipping, offload (ZeRO-2 and 3) and bf16 of 4 configs taken by the "
+            "engine on both ranks; a global batch that does not split refused")
 
 
 def build_engine_training(data):
@@ -189,7 +197,7 @@ def save_and_report(data):
     reports = _ranks(data, "save_and_report on 4 ranks (2 nodes x 2 workers)", world_size=4, field="reports")
     ds.check_reports(reports)
     latest = (data or {}).get("latest")
-    assert isinstance(latest, str), "the checkpoint needs DeepSpeed's `latest` file (save_checkpoint writes it)"
+    ds.check_tag(latest)
     tag = latest.strip()
     for rank, mine in enumerate(reports):
         assert f"{tag}/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" in mine[0]["files"], (
@@ -197,7 +205,8 @@ def save_and_report(data):
             "every rank into the directory you report, with the same tag on all ranks")
     assert f"{tag}/mp_rank_00_model_states.pt" in reports[0][0]["files"], (
         f"rank 0's reported checkpoint must hold the model states {tag}/mp_rank_00_model_states.pt")
-    return "every rank reports once, with its own partition of the checkpoint; rank 0's holds the model states"
+    return ("every rank reports once, with its own partition of the checkpoint under the tag TAG; rank 0's holds the "
+            "model states")
 
 
 def _check_known_step(where: str, params: dict, world_size: int, steps: int = 1):
@@ -247,9 +256,11 @@ def save_and_report_epoch(data):
 # ---------------------------------------------------------------- Exercise 4: restore_checkpoint
 
 def _restored(data):
-    ranks = _ranks(data, "restoring on 2 ranks (every rank loads its own partition)")
+    ranks = _ranks(data, "restoring on 2 ranks (every rank loads its own partition; the checkpoint of epoch 0 is in "
+                   "cloud storage, where checkpoint.path is no local folder: open it with checkpoint.as_directory())")
     for rank, runs in enumerate(ranks):
-        assert sorted(r.get("epoch") for r in runs) == [0, 2], f"rank {rank}: restores of epochs 0 and 2 expected"
+        assert sorted((r.get("epoch"), bool(r.get("cloud"))) for r in runs) == [(0, True), (2, False)], (
+            f"rank {rank}: restores of epoch 2 (a local folder) and epoch 0 (cloud storage) expected: {NOTHING}")
     return ranks
 
 
@@ -262,7 +273,7 @@ def restore_checkpoint(data):
             params = _tensors(run["params"])
             _check_known_step(f"rank {rank}", params, 2)
             ds.check_restored_weights(f"rank {rank}", _tensors(run["fresh_params"]), params)
-    return "the next epoch and the weights, on both ranks, for checkpoints of epochs 2 and 0"
+    return "the next epoch and the weights, on both ranks, for checkpoints of epochs 2 (a local folder) and 0 (cloud storage)"
 
 
 def restore_checkpoint_optimizer(data):

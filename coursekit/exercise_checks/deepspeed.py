@@ -12,6 +12,27 @@ WORLD_SIZE = 2               # the ranks of the checks of Exercises 1, 2 and 4 (
 SAME_RUN = 1e-4              # train_micro_batches: weights within this of DDP's run, relative to the distance moved
 LOSS_TOLERANCE = 1e-5        # train_micro_batches: the mean loss returned, absolute (fp32 engines)
 REPORT_METRICS = {"epoch": 4, "loss": 0.5}   # what save_and_report is given in the check
+TAG = "checkpoint"           # the notebook's TAG: the tag save_and_report saves under
+WEIGHT_DECAY = 0.01          # AdamW's default (torch.optim.AdamW), which DDP's run of the check uses
+CLIPPING = 1.0               # DeepSpeed's default gradient clipping, which DDP's run of the check uses
+# errors that say the code broke, not that the batch sizes do not agree (a NameError in the message, say)
+_BROKEN = ("NameError", "UnboundLocalError", "TypeError", "AttributeError", "KeyError", "IndexError",
+           "ZeroDivisionError")
+
+
+def _optimizer(engine) -> dict:
+    """The optimizer the engine steps (DeepSpeed's ``basic_optimizer``, inside its ZeRO or precision wrapper): its
+    class, whether its weight decay is decoupled (AdamW's: torch's AdamW, or DeepSpeed's Adam kernels in AdamW
+    mode) and its weight decay."""
+    import torch
+
+    optimizer = getattr(engine, "basic_optimizer", None)
+    if optimizer is None:
+        return {"optimizer": None, "decoupled": None, "weight_decay": None}
+    group = optimizer.param_groups[0] if optimizer.param_groups else {}
+    decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay")) or bool(
+        getattr(optimizer, "adam_w_mode", False) or getattr(optimizer, "adamw_mode", False))
+    return {"optimizer": type(optimizer).__name__, "decoupled": decoupled, "weight_decay": group.get("weight_decay")}
 
 
 def what_the_engine_took(engine) -> dict:
@@ -21,7 +42,7 @@ def what_the_engine_took(engine) -> dict:
     return {"train_batch_size": engine.train_batch_size(), "micro": engine.train_micro_batch_size_per_gpu(),
             "accumulation": engine.gradient_accumulation_steps(), "stage": engine.zero_optimization_stage(),
             "offload": None if device in (None, "none") else device, "bf16": bool(engine.bfloat16_enabled()),
-            "lr": engine.get_lr()[0]}
+            "lr": engine.get_lr()[0], "clipping": engine.gradient_clipping(), **_optimizer(engine)}
 
 
 def relative_difference(weights: dict, reference: dict, start: dict) -> float:
@@ -45,6 +66,13 @@ def check_took(took: dict, case: dict, world_size: int = WORLD_SIZE) -> None:
     assert took["stage"] == case["stage"], (
         f"ZeRO stage {case['stage']} was asked, the engine runs stage {took['stage']}: pass your config to it")
     assert took["lr"] == case["lr"], f"the optimizer's learning rate must be lr={case['lr']}, not {took['lr']}"
+    assert took.get("decoupled") and took.get("weight_decay") == WEIGHT_DECAY, (
+        f"the optimizer is AdamW (decoupled weight decay, {WEIGHT_DECAY} by default, as in DDP's run); the engine "
+        f"steps {took.get('optimizer')} with weight_decay={took.get('weight_decay')}"
+        + ("" if took.get("decoupled") else " and no decoupled weight decay (Adam's L2 penalty instead)"))
+    assert took.get("clipping") == CLIPPING, (
+        f"gradient clipping stays at DeepSpeed's default, {CLIPPING} (DDP's run clips to it too), not "
+        f"{took.get('clipping')}")
     if case.get("offload_optimizer"):
         assert took["offload"] == "cpu", (
             "offload_optimizer=True: put \"offload_optimizer\": {\"device\": \"cpu\"} in zero_optimization; the "
@@ -55,6 +83,27 @@ def check_took(took: dict, case: dict, world_size: int = WORLD_SIZE) -> None:
         assert took["bf16"], f"bf16=True: the config must enable bf16 (\"bf16\": {{\"enabled\": True}}); the engine took {took}"
     else:
         assert not took["bf16"], f"no bf16 unless asked: {took}"
+
+
+def check_refused(entry: dict, case: dict, world_size: int = WORLD_SIZE) -> None:
+    """``entry``: {"value", "error"} of build_engine on ``case``, whose global batch is not a multiple of the micro
+    batch times the world size: no engine can run it, so build_engine raises (a ValueError of its own, or DeepSpeed's
+    AssertionError on the batch sizes)."""
+    total, micro = case["global_batch_size"], case["micro_batch_size"]
+    what = f"global_batch_size={total} is not a multiple of micro_batch_size x world_size = {micro} x {world_size}"
+    error = entry.get("error")
+    assert error, (f"{what}: no whole number of accumulation steps makes them agree, so build_engine must raise (a "
+                   f"ValueError); it built an engine that took {entry.get('value')}")
+    kind = str(error).split(":", 1)[0].strip()
+    assert kind not in _BROKEN, (f"{what}: build_engine raised {kind}, an error in the code itself ({error}); raise "
+                                 "a ValueError that says the batch sizes do not agree")
+
+
+def check_tag(latest, tag: str = TAG) -> None:
+    """``latest``: the text of the checkpoint's ``latest`` file (the tag save_checkpoint saved under)."""
+    assert isinstance(latest, str), "the checkpoint needs DeepSpeed's `latest` file (save_checkpoint writes it)"
+    assert latest.strip() == tag, (f"save under the tag TAG ({tag!r}: save_checkpoint(directory, tag=TAG, ...)), not "
+                                   f"{latest.strip()!r}")
 
 
 def check_same_run(where: str, difference: float, steps: int, expected_steps: int = 2) -> None:
