@@ -13,7 +13,9 @@ ASKED = {"test_preprocess_values": ["random", "one"],
          "test_preprocess_columns": ["all_columns"],
          "test_build_train_dataset_resources": [[1.5, 1, 8], [0.5, 2, 16]],
          "test_build_train_dataset_plan": [[0.75, 4, 20]],
-         "test_make_trainer": [1.5]}
+         "test_make_trainer": [1.5],
+         # one worker with other settings: another seed, SGD, 3 epochs
+         "test_train_func_one_worker": [dict(rd.ONE_WORKER_CONFIG, optimizer="sgd", lr=0.05, epochs=3, seed=4)]}
 
 
 def _arrays(value):
@@ -110,7 +112,14 @@ def train_func_report(data):
 def train_func_one_worker(data):
     run = _run(data, "on 1 worker without a process group")
     rd.check_one_worker(run, reference_train_03)
-    return "one worker trains like one process on the whole global batch"
+    for config in ASKED["test_train_func_one_worker"]:
+        entry = next((e for e in data.get("asked") or [] if e.get("config") == config), None)
+        assert entry is not None, ("the test cell handed in no run of train_func on 1 worker with the grader's "
+                                   "settings: run its cells in order, up to the end of the test cell")
+        assert not entry.get("error"), (f"train_func failed on 1 worker with {config}. The error:\n"
+                                        f"{str(entry['error'])[-1500:]}")
+        rd.check_one_worker(_arrays(entry["value"]), reference_train_03, config)
+    return "one worker trains like one process on the whole global batch, with two settings"
 
 
 def train_func_device(data):

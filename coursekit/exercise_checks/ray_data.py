@@ -305,15 +305,17 @@ def check_one_worker_visible(run: dict) -> None:
         f"{len(reports)} report(s), checkpoints: {[state is not None for _, state in reports]}")
 
 
-def check_one_worker(run: dict, reference_train) -> None:
+def check_one_worker(run: dict, reference_train, config: dict = ONE_WORKER_CONFIG) -> None:
     """The only worker trains like one process on the same batches of the whole global batch."""
-    check_one_worker_visible(run)
-    reports, epochs = run["reports"][0], ONE_WORKER_CONFIG["epochs"]
-    solo_state, solo_losses = reference_train(ONE_WORKER_CONFIG, sent_rows(run, epochs),
-                                              ONE_WORKER_CONFIG["global_batch_size"])
+    reports, epochs = run["reports"][0], config["epochs"]
+    assert len(reports) == epochs and reports[-1][1] is not None, (
+        f"expected one report per epoch ({epochs}), the last with a checkpoint; got {len(reports)} report(s), "
+        f"checkpoints: {[state is not None for _, state in reports]}")
+    solo_state, solo_losses = reference_train(config, sent_rows(run, epochs), config["global_batch_size"])
     diff = max_difference(reports[-1][1], solo_state)
-    assert diff < 1e-5, (f"1 worker: expected the weights of one process on the same batches of 24 (the whole global batch "
-                         f"on the only worker), differing by at most 1e-5; got {diff:.2e}")
+    assert diff < 1e-5, (f"1 worker, {config['model']}: expected the weights of one process on the same batches of "
+                         f"{config['global_batch_size']} (the whole global batch on the only worker, the model in "
+                         f"training mode), differing by at most 1e-5; got {diff:.2e}")
     got = [m.get("loss") for m, _ in reports]
     assert all(isinstance(x, (int, float)) for x in got) and np.allclose(got, solo_losses, rtol=1e-4, atol=1e-6), (
         f"1 worker: expected the epochs' mean losses per example {solo_losses}, got {got}")
