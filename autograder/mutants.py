@@ -597,6 +597,25 @@ def summary(rows: list[dict]) -> dict:
     return {"generated": len(rows), **counts, "score": round(counts["killed"] / live, 3) if live else None}
 
 
+def latest(module: str, out: Path = OUT) -> dict:
+    """The last results of every exercise of ``module`` in ``out``: the module's run (``MODULE.json``), with each
+    exercise run again alone since (``MODULE.EXERCISE.json``, newer) in its place."""
+    runs = sorted(out.glob(f"{module}.*json"), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        raise FileNotFoundError(f"no results of {module} in {out}: run python -m autograder.mutants {module}")
+    merged: dict = {"module": module, "exercises": {}, "seconds": 0.0}
+    for path in runs:                    # oldest first: a later run of an exercise replaces an earlier one
+        if path.name != f"{module}.json" and not path.name.startswith(f"{module}."):
+            continue
+        result = json.loads(path.read_text())
+        merged["exercises"].update(result["exercises"])
+    merged["seconds"] = round(sum(row.get("seconds") or 0 for row in merged["exercises"].values()), 1)
+    order = [e.name for e in exercises(module, __import__("nbformat").read(
+        REPO / "solutions" / module / f"{module}.ipynb", as_version=4))]
+    merged["exercises"] = {name: merged["exercises"][name] for name in order if name in merged["exercises"]}
+    return merged
+
+
 def collect(result: dict) -> dict:
     """A module's results (``run_module``'s) with the reviewed file's equivalents applied as it reads now: per
     exercise, the counts, the score, the equivalents with their reasons and what survived or timed out."""

@@ -344,8 +344,7 @@ def mutants(ctx: dict) -> dict:
                 _run(cmd, ctx["work"] / f"mutants-{module}.log", 4 * 3600)
             except RuntimeError as e:          # a reference that fails its checks: its exercise says so below
                 print(f"[bench]   {module}: {str(e).splitlines()[0]}", flush=True)
-        name = module + (".save_checkpoint" if ctx["short"] else "")
-        details[module] = mt.collect(json.loads((out / f"{name}.json").read_text()))
+        details[module] = mt.collect(mt.latest(module, out))
     figures, table, notes = [], ["| exercise | generated | killed | equivalent | survived | timed out | s |",
                                  "|---|---|---|---|---|---|---|"], []
     for module in sorted(details):
