@@ -18,7 +18,7 @@ def _facts(bf16=False):
     unit = checks.BF16_UNIT if bf16 else UNIT
     facts = {"root": unit, "blocks": [unit, unit], "placements": {n: checks.SHARDED for n in NAMES},
              "optimizer_holds_model_params": True, "lr": 0.01, "sharded_dtypes": ["torch.float32"],
-             "optimizer_state": ["DTensor"]}
+             "optimizer_state": ["DTensor"], "default_meshes": 0}
     if bf16:
         facts["logits_dtype"] = "torch.bfloat16"
     return facts
@@ -42,6 +42,8 @@ def test_setup_checks_pass_a_right_run_and_fail_each_mistake():
         g.setup_fsdp(_setup(**{"2__facts__lr": 0.001}))
     with pytest.raises(AssertionError, match="each block"):
         g.setup_fsdp(_setup(**{"0__facts__blocks": [None, None]}))
+    with pytest.raises(AssertionError, match=r"rank 3: 2 fully_shard call\(s\) were given no mesh"):
+        g.setup_fsdp(_setup(**{"3__facts__default_meshes": 2}))     # fully_shard(block) without mesh=
     with pytest.raises(AssertionError, match="rank 1: with no options the blocks keep"):
         g.setup_fsdp_options(_setup(**{"1__facts__blocks": [checks.BF16_UNIT] * 2}))
     with pytest.raises(AssertionError, match="must stay float32"):
@@ -112,16 +114,25 @@ def test_save_checks_compare_the_merged_checkpoint_with_the_state_of_one_step():
 
 
 def test_export_checks_read_the_file_as_described_and_compare_with_the_seeded_weights():
-    def run(seed, files=None, state=None):
-        state = checks.build_vit({**checks.TINY, "seed": seed}).state_dict() if state is None else state
+    hidden = g.ASKED["test_export_full_state_dict"][0]
+    model_bytes = g.vit_bytes(hidden[3])
+
+    def run(seed, files=None, state=None, width=32, peaks=None):
+        state = checks.build_vit({**checks.TINY, "width": width, "seed": seed}).state_dict() if state is None else state
         return {"value": plain({"names": files or [["model_full.pt"]] + [[]] * 3, "file": {
-            "exists": True, "error": None, "kinds": {k: "Tensor torch.float32 cpu" for k in state}, "state": state}}),
-            "error": None}
-    data = {"runs": [{"case": g.VISIBLE_EXPORT, **run(3)}, {"case": [8, 2, 1], **run(8, [["model_full.pt"], []])}]}
+            "exists": True, "error": None, "kinds": {k: "Tensor torch.float32 cpu" for k in state}, "state": state},
+            "peaks": peaks or [2 * model_bytes, 0.5 * model_bytes]}), "error": None}
+    data = {"runs": [{"case": g.VISIBLE_EXPORT, **run(3)},
+                     {"case": hidden, **run(8, [["model_full.pt"], []], width=hidden[3])}]}
     assert g.export_full_state_dict(data) and g.export_full_state_dict_weights(data)
-    wrong_seed = {"runs": [data["runs"][0], {"case": [8, 2, 1], **run(3, [["model_full.pt"], []])}]}
+    wrong_seed = {"runs": [data["runs"][0], {"case": hidden, **run(3, [["model_full.pt"], []], width=hidden[3])}]}
     with pytest.raises(AssertionError, match="seed 8 on 2 ranks .*full weights"):
         g.export_full_state_dict_weights(wrong_seed)
+    # cpu_offload left out: every rank gathers the full model and keeps it (rank 1 rose by more than the model)
+    every_rank_holds = {"runs": [data["runs"][0], {"case": hidden, **run(8, [["model_full.pt"], []], width=hidden[3],
+                                                                            peaks=[2 * model_bytes, 1.1 * model_bytes])}]}
+    with pytest.raises(AssertionError, match=r"rank 1's memory rose by .* \(1.10 x the model\).*only rank 0 may hold"):
+        g.export_full_state_dict_weights(every_rank_holds)
     every_rank = {"runs": [{"case": g.VISIBLE_EXPORT, **run(3, [["model_full.pt"]] * 4)}, data["runs"][1]]}
     with pytest.raises(AssertionError, match="only global rank 0 saves: rank 1"):
         g.export_full_state_dict(every_rank)
@@ -137,12 +148,42 @@ def test_export_checks_read_the_file_as_described_and_compare_with_the_seeded_we
 
 def test_meta_memory_and_hybrid_traffic():
     fresh = {"devices": ["cpu"], "not_sharded": [], "units": [True] * 7, "not_finite": [], "cls_token": 0.0,
-             "pos_embed_std": 0.02, "layernorm": [1.0], "linear_over_bound": []}
+             "pos_embed_std": 0.02, "pos_embed_mean": -0.0003, "layernorm": [1.0], "linear_over_bound": []}
+    reference = g.fresh_reference()     # each rank's shards from seeds 0 and 1, by digest (pos_embed: any draw)
+
+    def probe(rank):
+        seed0, seed1 = ({**shards, "pos_embed": f"pos{i}"} for i, shards in enumerate(reference[rank]))
+        return {"shards": [seed0, dict(seed0), seed1], "bf16_units": [checks.BF16_UNIT] * 3, "default_meshes": 0,
+                "allocated_before_sharding": 0}
     mid = g.mid_bytes()
     meta = {"meta": {"value": {"error": None, "ranks": [
-        {"fresh": fresh, "fresh_peak": 0.6 * mid, "load_peak": 1.2 * mid},
-        {"fresh": {**fresh, "cls_token": None}, "fresh_peak": 0.6 * mid, "load_peak": 0.6 * mid}]}, "error": None}}
+        {"fresh": fresh, "fresh_peak": 0.6 * mid, "load_peak": 1.2 * mid, "probe": probe(0)},
+        {"fresh": {**fresh, "cls_token": None}, "fresh_peak": 0.6 * mid, "load_peak": 0.6 * mid, "probe": probe(1)}]},
+        "error": None}}
     assert g.build_on_meta(meta) and g.build_on_meta_memory(meta)
+
+    def changed(part, **facts):
+        wrong = copy.deepcopy(meta)
+        wrong["meta"]["value"]["ranks"][1][part].update(facts)
+        return wrong
+    for part, facts, check, message in [
+            ("fresh", {"pos_embed_mean": 1.0}, g.build_on_meta, "pos_embed must be drawn from a normal with mean 0 .* rank 1.s shard has mean 1.0000"),
+            # never seeded: another model on every build
+            ("probe", {"shards": [probe(1)["shards"][0], {**probe(1)["shards"][0], "head.weight": "x"},
+                                  probe(1)["shards"][2]]}, g.build_on_meta, "from the same config.'seed'., the shards differ"),
+            # seeded with a constant
+            ("probe", {"shards": [probe(1)["shards"][0]] * 3}, g.build_on_meta,
+             r"random parameters are equal: \['blocks.0.attn.proj.bias'"),
+            # seeded, but pos_embed drawn before reset_parameters() (or the seed + 1): other values than the reference's
+            ("probe", {"shards": [{**shards, "head.weight": "other"} for shards in probe(1)["shards"][:2]]
+                       + probe(1)["shards"][2:]}, g.build_on_meta,
+             r"rank 1: built fresh from seed 0, these shards are not the values .*\['head.weight'\]"),
+            ("probe", {"bf16_units": [checks.BF16_UNIT, checks.BF16_UNIT, checks.DEFAULT_UNIT]}, g.build_on_meta,
+             "pass \\*\\*fsdp_kwargs to every fully_shard call"),
+            ("probe", {"default_meshes": 2}, g.build_on_meta, "were given no mesh"),
+            ("probe", {"allocated_before_sharding": 15370}, g.build_on_meta_memory, "rank 1: fully_shard found 15370 values")]:
+        with pytest.raises(AssertionError, match=message):
+            check(changed(part, **facts))
     eager = copy.deepcopy(meta)
     eager["meta"]["value"]["ranks"][0]["fresh_peak"] = 1.1 * mid
     with pytest.raises(AssertionError, match="rank 0: its memory rose"):
@@ -153,3 +194,26 @@ def test_meta_memory_and_hybrid_traffic():
         g.build_on_meta(no_cls)
     assert g._traffic([["all_gather_single", [0, 1], 8], ["all_reduce", [1, 3], 4], ["all_gather_single", [0, 1], 8]], 2) == {
         ("all_gather_single", "inside a node"): [2, 16], ("all_reduce", "across nodes"): [1, 4]}
+
+
+def test_restore_checks_compare_state_lr_and_what_each_rank_loaded_whole():
+    params, buffers = g.stepped_reference()
+
+    def runs(part, lr=g.SAVED_LR, loaded_whole=(), epoch_offset=1):
+        state = params if part == 0 else buffers
+        return {"runs": [{"case": case, "error": None, "value": plain({
+            "saved": state, "restored": [{"epoch": case[2] + epoch_offset, "state": state, "lr": [lr],
+                                          "loaded_whole": list(loaded_whole)}] * case[1]})}
+            for case in [g.VISIBLE_RESTORE, *g.ASKED["test_restore_checkpoint"]]]}
+    assert g.restore_checkpoint(runs(0)) and g.restore_checkpoint_optimizer(runs(1))
+    with pytest.raises(AssertionError, match=r"the saved epoch \(2\) \+ 1, not 2"):
+        g.restore_checkpoint(runs(0, epoch_offset=0))
+    # set_state_dict left out: dcp.load filled the tensors in place, the optimizer kept the new run's lr
+    with pytest.raises(AssertionError, match=r"learning rate must be the checkpoint's \(0.0025.*not \[0.01\]"):
+        g.restore_checkpoint_optimizer(runs(1, lr=0.01))
+    # a restore through full state dicts: every rank reads every rank's shards
+    whole = ["model.head.weight", "optimizer.state.head.weight.momentum_buffer"]
+    with pytest.raises(AssertionError, match=r"rank 0: dcp.load was asked to fill 1 whole tensors of the model"):
+        g.restore_checkpoint(runs(0, loaded_whole=whole))
+    with pytest.raises(AssertionError, match=r"1 whole tensors of the optimizer \(\['optimizer.state"):
+        g.restore_checkpoint_optimizer(runs(1, loaded_whole=whole))

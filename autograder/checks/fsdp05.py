@@ -28,12 +28,19 @@ TOLERANCE = 1e-5
 ASKED = {"test_setup_fsdp_training": [[5, 0.005, 2, 1]],        # seed, lr, ranks, ranks per node
          "test_restore_checkpoint": [[2, 4, 5]],                # saved by 2 ranks at epoch 5, restored on 4
          "test_restore_checkpoint_optimizer": [[2, 4, 5]],
-         "test_export_full_state_dict": [[8, 2, 1]],            # seed 8 on 2 ranks, one per node
-         "test_export_full_state_dict_weights": [[8, 2, 1]]}
+         # seed 8 on 2 ranks, one per node, a ViT 128 wide (1.6 MB: each rank's memory peak tells a gather on
+         # every rank from one on rank 0 alone)
+         "test_export_full_state_dict": [[8, 2, 1, 128]],
+         "test_export_full_state_dict_weights": [[8, 2, 1, 128]]}
 
 VISIBLE_TRAINING = [TINY["seed"], TINY["lr"], WORLD_SIZE, PER_NODE]
 VISIBLE_RESTORE = [WORLD_SIZE, 3, 2]
-VISIBLE_EXPORT = [3, WORLD_SIZE, PER_NODE]
+VISIBLE_EXPORT = [3, WORLD_SIZE, PER_NODE, TINY["width"]]
+SAVED_LR = TINY["lr"] / 4          # the restore check's saved run: its lr as a schedule left it (the new run's: TINY's)
+# Measured (2026-11-28, this machine, 3 runs each; the notebook's warm-up export first): a rank but 0 rose by
+# 0.46-0.58 x the model while a right export gathered (each tensor all-gathered, then dropped), by 1.05-1.17 x when
+# it kept its own full copy (cpu_offload left out).
+EXPORT_PEAK = 0.8
 MID = dict(depth=6, width=192, heads=4, patch=7, lr=1e-2, seed=5)      # the notebook's checked size
 HYBRID_LAYOUTS = {"2 nodes x 2": (2, 2), "4 nodes x 1": (4, 1)}
 
@@ -101,9 +108,54 @@ def one_step_reference(config: dict, images, labels) -> tuple[float, dict]:
     return _once(("step", tuple(sorted(config.items())), images.shape), make)
 
 
-def seeded_weights(seed: int) -> dict:
-    """The TINY ViT's weights from ``seed`` (export_full_state_dict's model, sharded, holds exactly these)."""
-    return _once(("vit", seed), lambda: build_vit({**TINY, "seed": seed}).state_dict())
+def seeded_weights(seed: int, width: int = TINY["width"]) -> dict:
+    """The TINY ViT's weights (``width`` wide) from ``seed`` (export_full_state_dict's model, sharded, holds exactly
+    these)."""
+    return _once(("vit", seed, width), lambda: build_vit({**TINY, "width": width, "seed": seed}).state_dict())
+
+
+def vit_bytes(width: int) -> int:
+    return sum(t.numel() * t.element_size() for t in seeded_weights(0, width).values())
+
+
+def _fresh_rank(rank: int, world_size: int, seeds: list) -> list:
+    """The fresh build on this rank, as Exercise 5 asks for it, from each of ``seeds``: the TINY ViT on the meta
+    device, a unit per block and the root, the shards allocated, torch.manual_seed(seed), every module's
+    reset_parameters() in model.modules() order, cls_token zeros; each rank's shards by their digests (pos_embed
+    left out: any draw of N(0, 0.02) is right, nn.init.trunc_normal_'s too)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from coursekit.models import ViT
+
+    out = []
+    for seed in seeds:
+        with torch.device("meta"):
+            model = ViT(depth=TINY["depth"], width=TINY["width"], heads=TINY["heads"], patch=TINY["patch"])
+        mesh = init_device_mesh("cpu", (world_size,))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model.to_empty(device="cpu")
+        torch.manual_seed(seed)
+        for module in model.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+        with torch.no_grad():
+            model.cls_token.zero_()
+        out.append(checks.digests({k: p.to_local().detach() for k, p in model.named_parameters() if k != "pos_embed"}))
+    return out
+
+
+def fresh_reference() -> list:
+    """Per rank of 2: the digests of its fresh shards from TINY's seed and from the next (the notebook's
+    seeding_probe builds those). On 2 gloo ranks forked from the grader's process (about 1 s, once per process:
+    the warm worker computes it before it forks the jobs); nothing of a submission runs in them."""
+    def make():
+        from coursekit.distributed import run_distributed
+
+        return run_distributed(_fresh_rank, 2, [TINY["seed"], TINY["seed"] + 1], timeout_s=120)
+    return _once("fresh", make)
 
 
 def mid_weights() -> dict:
@@ -154,6 +206,10 @@ def setup_fsdp(data):
         assert all(facts["blocks"]) and facts["root"] is not None and not unsharded, (
             f"rank {rank}: a unit per block and the root, every parameter {checks.SHARDED}; got blocks "
             f"{facts['blocks']}, root {facts['root']}, other placements {dict(list(unsharded.items())[:3])}")
+        try:
+            checks.check_no_default_mesh(facts.get("default_meshes", "unknown"))
+        except AssertionError as e:
+            raise AssertionError(f"rank {rank}: {e}") from None
         assert facts["optimizer_holds_model_params"], \
             f"rank {rank}: create the optimizer AFTER fully_shard, over model.parameters(): fully_shard replaced them"
         assert facts["lr"] == TINY["lr"], f"use lr=config['lr'] ({TINY['lr']}), not {facts['lr']}"
@@ -296,6 +352,15 @@ def _restores(data, part: int):
         yield case, where, saved, restored
 
 
+def _loaded_whole(r: dict, part: str, where: str, rank: int) -> None:
+    """The restoring rank asked dcp.load for shards only (DTensors), not for whole tensors of ``part``."""
+    whole = [n for n in r["loaded_whole"] if n.startswith("model") == (part == "model")]
+    assert not whole, (
+        f"{where}: rank {rank}: dcp.load was asked to fill {len(whole)} whole tensors of the {part} ({whole[:3]}): "
+        "every rank then reads and holds the whole state. Load into the sharded state dicts get_state_dict gives "
+        "(DTensors: each rank reads its own shards), and put them back with set_state_dict")
+
+
 def restore_checkpoint(data):
     for case, where, saved, restored in _restores(data, 0):
         saved_ranks, restoring_ranks, epoch = case
@@ -307,8 +372,11 @@ def restore_checkpoint(data):
             params = tensors(r["state"])
             assert set(params) == set(saved) and max_difference(params, saved) == 0, (
                 f"{where}: rank {rank} of {restoring_ranks}: the weights saved by {saved_ranks} ranks must come back "
-                f"on {restoring_ranks} ranks (dcp.load on every rank)")
-    return "every rank continues at the saved epoch + 1 with the saved weights, on another number of ranks"
+                f"on {restoring_ranks} ranks (dcp.load on every rank, from checkpoint.as_directory(): the checkpoint "
+                "is in cloud storage)")
+            _loaded_whole(r, "model", where, rank)
+    return ("every rank continues at the saved epoch + 1 with the saved weights, loaded as shards from cloud storage, "
+            "on another number of ranks")
 
 
 def restore_checkpoint_optimizer(data):
@@ -319,22 +387,28 @@ def restore_checkpoint_optimizer(data):
             assert set(buffers) == set(saved) and max_difference(buffers, saved) == 0, (
                 f"{where}: rank {rank} of {restoring_ranks}: restore the optimizer state too (its momentum buffers): "
                 "get_state_dict gives both state dicts, set_state_dict puts both back")
-    return "every rank gets the saved optimizer state back, on another number of ranks"
+            assert r.get("lr") == [SAVED_LR], (
+                f"{where}: rank {rank} of {restoring_ranks}: the optimizer's learning rate must be the checkpoint's "
+                f"({SAVED_LR}, as a schedule left it), not {r.get('lr')}: dcp.load fills the tensors in place, but "
+                "only set_state_dict puts the loaded optimizer state dict (its param_groups too) back in the optimizer")
+            _loaded_whole(r, "optimizer", where, rank)
+    return "every rank gets the saved optimizer state back (its shards, its learning rate), on another number of ranks"
 
 
 # ---------------------------------------------------------------- Exercise 4: export_full_state_dict
 
 def _exports(data, grade_id):
     for case in [VISIBLE_EXPORT, *ASKED[grade_id]]:
-        seed, world_size, per_node = case
-        where = "" if case == VISIBLE_EXPORT else f"seed {seed} on {world_size} ranks ({per_node} per node): "
+        seed, world_size, per_node, width = case
+        where = ("" if case == VISIBLE_EXPORT else
+                 f"seed {seed} on {world_size} ranks ({per_node} per node), a ViT {width} wide: ")
         yield case, where, _run(data, case, f"export_full_state_dict on {world_size} ranks")
 
 
 def export_full_state_dict(data):
     for case, where, run in _exports(data, "test_export_full_state_dict"):
         try:
-            checks.check_export_loads(run["file"])
+            checks.check_export_loads(run["file"], {**TINY, "width": case[3]})
         except AssertionError as e:
             raise AssertionError(f"{where}{e}") from None
         for rank, names in enumerate(run["names"][1:], start=1):
@@ -354,10 +428,23 @@ def export_full_state_dict_weights(data):
             f"{where}save plain fp32 CPU tensors (full_state_dict=True, cpu_offload=True: the sharded master weights "
             f"gathered), not {kinds}")
         state = tensors(described["state"])
-        reference = seeded_weights(case[0])
+        reference = seeded_weights(case[0], case[3])
         assert set(state) == set(reference) and max_difference(state, reference) == 0, \
             f"{where}the file must hold the sharded model's full weights: every key, every shard gathered"
-    return "model_full.pt holds the full fp32 weights as plain CPU tensors (4 ranks on 2 nodes, and 2 on 2)"
+        if case == VISIBLE_EXPORT:
+            continue
+        from coursekit.memory import format_bytes
+
+        model_bytes = vit_bytes(case[3])
+        for rank, peak in enumerate(run.get("peaks") or [None] * case[1]):
+            if rank == 0:
+                continue
+            assert peak is not None and peak < EXPORT_PEAK * model_bytes, (
+                f"{where}rank {rank}'s memory rose by {format_bytes(peak or 0)} ({(peak or 0) / model_bytes:.2f} x the "
+                f"model) while it exported: only rank 0 may hold the gathered model (cpu_offload=True: the other ranks "
+                f"get an empty dict, and no GPU holds the full model); expected below {EXPORT_PEAK} x")
+    return ("model_full.pt holds the full fp32 weights as plain CPU tensors, gathered on rank 0 alone (4 ranks on 2 "
+            "nodes, and 2 on 2)")
 
 
 # ---------------------------------------------------------------- Exercise 5: build_on_meta
@@ -382,16 +469,26 @@ def build_on_meta(data):
             f"{facts.get('not_finite')}")
         assert facts["cls_token"] in (None, 0.0), \
             f"rank {rank}: cls_token must be zeros, as ViT.__init__ makes it; its largest |value| is {facts['cls_token']}"
-        assert 0.015 < facts["pos_embed_std"] < 0.025, \
-            f"rank {rank}: pos_embed must have std 0.02; its shard has std {facts['pos_embed_std']:.4f}"
+        assert 0.015 < facts["pos_embed_std"] < 0.025 and abs(facts.get("pos_embed_mean", 1.0)) < checks.POS_EMBED_MEAN, (
+            f"rank {rank}: pos_embed must be drawn with mean 0 and std 0.02; its shard has mean "
+            f"{facts.get('pos_embed_mean', float('nan')):.4f} and std {facts['pos_embed_std']:.4f}")
         assert facts["layernorm"] == [1.0], (
             f"rank {rank}: every module's reset_parameters(): the LayerNorms' weights must be ones, got "
             f"{facts['layernorm'][:4]}")
         assert not facts["linear_over_bound"], (
             f"rank {rank}: the nn.Linear weights must come from their reset_parameters() (|w| <= 1/sqrt(fan_in)); "
             f"outside that bound: {facts['linear_over_bound'][:3]}")
+        checks.check_meta_probe(r["probe"], rank=rank)
+        for shards, expected, seed in zip(r["probe"]["shards"][::2], fresh_reference()[rank], (0, 1)):
+            differ = sorted(k for k in expected if shards.get(k) != expected[k])
+            assert not differ, (
+                f"rank {rank}: built fresh from seed {TINY['seed'] + seed}, these shards are not the values of "
+                "torch.manual_seed(config['seed']) followed by every module's reset_parameters() in model.modules() "
+                f"order (and cls_token zeros): {differ[:3]}. Seed right before the first draw, and draw nothing "
+                "else before reset_parameters()")
     assert any(r["fresh"]["cls_token"] is not None for r in ranks), "one rank must hold cls_token's row"
-    return "fresh: every shard on the CPU and initialised as ViT.__init__ does, on both ranks"
+    return ("fresh: every shard on the CPU and initialised as ViT.__init__ does, with the values of config['seed'], the "
+            "options on every unit, on both ranks")
 
 
 def build_on_meta_weights(data):
@@ -425,6 +522,7 @@ def build_on_meta_memory(data):
     checks.check_meta_memory(ranks[1]["fresh_peak"], model_bytes, rank=1)
     limit = 0.8 * model_bytes
     for rank, r in enumerate(ranks):
+        checks.check_meta_sharded_first(r["probe"], rank=rank)
         peak = r["fresh_peak"]
         assert peak is not None and peak < limit, (
             f"rank {rank}: its memory rose by {format_bytes(peak or 0)} ({(peak or 0) / model_bytes:.2f} x the model) "
@@ -437,7 +535,8 @@ def build_on_meta_memory(data):
             f"while build_on_meta loaded the file; a rank other than 0 must stay below the whole model "
             f"({format_bytes(model_bytes)}): only rank 0 reads the file, the others pass {{}} and receive their shards "
             "from set_model_state_dict's broadcast")
-    return "no rank held the whole model while building fresh; only rank 0 while loading"
+    return ("nothing allocated before fully_shard; no rank held the whole model while building fresh; only rank 0 while "
+            "loading")
 
 
 # ---------------------------------------------------------------- Exercise 6: shard_hybrid
@@ -529,4 +628,5 @@ CHECKS = {f"test_{f.__name__}": f for f in (
 # what every submission's checks compare with, computed once by a warm worker before it forks the jobs
 PREPARE = (lambda: [trained_reference(seed, lr) for seed, lr, *_ in [VISIBLE_TRAINING, *ASKED["test_setup_fsdp_training"]]],
            stepped_reference, mid_weights,
-           lambda: [seeded_weights(case[0]) for case in [VISIBLE_EXPORT, *ASKED["test_export_full_state_dict"]]])
+           lambda: [seeded_weights(case[0], case[3]) for case in [VISIBLE_EXPORT, *ASKED["test_export_full_state_dict"]]],
+           checks.random_parameters, fresh_reference)

@@ -6,6 +6,7 @@ ones in its own process on the data your test cells handed in, with its hidden c
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 
 WORLD_SIZE, PER_NODE = 4, 2                       # the checks' 4 processes, 2 simulated nodes x 2 ranks
@@ -14,6 +15,9 @@ SHARDED = ["(Shard(dim=0),)", WORLD_SIZE, "cpu"]  # placements, mesh size, mesh 
 BF16_UNIT = {"param_dtype": "torch.bfloat16", "reshard_after_forward": False}
 DEFAULT_UNIT = {"param_dtype": None, "reshard_after_forward": True}
 HYBRID = ["(Replicate(), Shard(dim=0))"]          # replicated over the mesh's first dimension, sharded over its second
+# pos_embed's shard on a rank of the check (MID's [17, 192] over 2 ranks: 1728 or 1536 values), drawn with mean 0 and
+# std 0.02: the mean of its values spreads by 0.02 / sqrt(1536) = 0.0005, so 0.005 is 10 of those (a mean of 1 is not)
+POS_EMBED_MEAN = 0.005
 
 
 def value_of(run: dict | None, what: str):
@@ -67,7 +71,7 @@ def build_vit(config: dict):
 # ---------------------------------------------------------------- Exercise 1: setup_fsdp
 # facts (one rank's model, described): {"root", "blocks": unit options or None, "placements": {name: [placements,
 # mesh size, mesh type] or "not a DTensor"}, "optimizer_holds_model_params", "lr", "sharded_dtypes",
-# "optimizer_state"}; bf16 facts also "logits_dtype"
+# "optimizer_state", "default_meshes" (fully_shard calls given no mesh)}; bf16 facts also "logits_dtype"
 
 def mesh_type_literals(source: str | None) -> list:
     """The string literals passed as init_device_mesh's device type in ``source`` (a function's code)."""
@@ -99,9 +103,18 @@ def check_setup(facts: dict) -> None:
     assert not unsharded(facts), (
         f"every parameter must be a DTensor split along dim 0 over all {WORLD_SIZE} ranks of the 2 nodes, on the mesh "
         f"of device.type ('cpu' here): {SHARDED}; got {dict(list(unsharded(facts).items())[:3])}")
+    check_no_default_mesh(facts.get("default_meshes"))
     assert facts["optimizer_holds_model_params"], (
         "the optimizer does not hold the model's parameters: fully_shard replaced them with DTensors, so an optimizer "
         "created before it updates tensors the model no longer uses. Create the AdamW AFTER fully_shard.")
+
+
+def check_no_default_mesh(default_meshes) -> None:
+    """Every fully_shard call was given the mesh built from ``device``."""
+    assert not default_meshes, (
+        f"{default_meshes} fully_shard call(s) were given no mesh: pass mesh=mesh (yours, built on device.type) to every "
+        "call. Without it fully_shard builds a mesh of its own on the machine's accelerator, whatever `device` says: "
+        "'cuda' on a GPU node, where this check's CPU ranks (and a CPU worker) then fail")
 
 
 def check_mesh_type(source: str | None) -> None:
@@ -147,9 +160,9 @@ def check_restored(next_epoch, saved_epoch: int, restored_params: dict, saved_pa
 # rank 0's file described: {"exists", "error" (torch.load's), "kinds": {name: "Tensor torch.float32 cpu"},
 # "state": {name: tensor, or None for anything but a plain tensor}}
 
-def check_export_loads(described: dict) -> dict:
-    """Rank 0's model_full.pt exists and loads with torch.load(weights_only=True) into a plain ViT. Returns its
-    tensors."""
+def check_export_loads(described: dict, config: dict = TINY) -> dict:
+    """Rank 0's model_full.pt exists and loads with torch.load(weights_only=True) into a plain ViT (of ``config``'s
+    shape). Returns its tensors."""
     assert described.get("exists"), "rank 0 must save model_full.pt in its directory"
     try:
         if described.get("error"):
@@ -158,7 +171,7 @@ def check_export_loads(described: dict) -> dict:
         if not isinstance(state, dict) or any(v is None for v in state.values()):
             raise RuntimeError(f"it holds other things than plain tensors: {sorted(set(described.get('kinds', {}).values()))}")
         state = tensors(state)
-        build_vit(TINY).load_state_dict(state)
+        build_vit(config).load_state_dict(state)
     except Exception as e:
         raise AssertionError(f"model_full.pt must load into a plain ViT (full tensors, the ViT's keys): {e}") from None
     return state
@@ -166,8 +179,11 @@ def check_export_loads(described: dict) -> dict:
 
 # ---------------------------------------------------------------- Exercise 5: build_on_meta
 # fresh facts (one rank's shards, read locally): {"devices", "not_sharded", "units", "not_finite", "cls_token"
-# (largest |value| of its rows, None if it holds none), "pos_embed_std", "layernorm" (distinct values),
-# "linear_over_bound"}
+# (largest |value| of its rows, None if it holds none), "pos_embed_std", "pos_embed_mean", "layernorm" (distinct
+# values), "linear_over_bound"}
+# probe (TINY built fresh three times: from TINY's seed, again with BF16_OPTIONS, from the next seed): {"shards": the
+# three builds' shards on this rank {name: digest}, "bf16_units": unit options (blocks, then root) with BF16_OPTIONS,
+# "default_meshes", "allocated_before_sharding": values found allocated by fully_shard}
 
 def check_meta_ran(error: str | None) -> None:
     assert error is None, f"build_on_meta must run on 2 ranks, fresh and loaded; it failed with: {error}"
@@ -182,8 +198,41 @@ def check_meta_fresh(facts: dict, rank: int = 1) -> None:
         f"parameters left uninitialised (NaN: memory to_empty allocated and nothing wrote): {facts['not_finite']}. "
         "reset_parameters() covers nn.Linear, nn.LayerNorm and nn.Conv2d; cls_token and pos_embed belong to the ViT "
         "itself")
-    assert 0.015 < facts["pos_embed_std"] < 0.025, \
-        f"pos_embed must be drawn from a normal with std 0.02; rank {rank}'s shard has std {facts['pos_embed_std']:.4f}"
+    assert 0.015 < facts["pos_embed_std"] < 0.025 and abs(facts.get("pos_embed_mean", 0.0)) < POS_EMBED_MEAN, (
+        f"pos_embed must be drawn from a normal with mean 0 and std 0.02; rank {rank}'s shard has mean "
+        f"{facts.get('pos_embed_mean', 0.0):.4f} and std {facts['pos_embed_std']:.4f}")
+
+
+@functools.lru_cache(maxsize=None)
+def random_parameters() -> frozenset:
+    """The TINY ViT's parameters that ViT.__init__ draws at random (the others are constants: zeros, ones)."""
+    a, b = build_vit({**TINY, "seed": 0}).state_dict(), build_vit({**TINY, "seed": 1}).state_dict()
+    return frozenset(k for k in a if not a[k].equal(b[k]))
+
+
+def check_meta_probe(probe: dict, rank: int = 1) -> None:
+    """Fresh TINY builds: the same seed gives the same shards, another seed other shards; the options reach every
+    unit; every fully_shard call gets the mesh."""
+    first, again, other = probe["shards"]
+    differ = sorted(k for k in first if first[k] != again.get(k))
+    assert not differ, (
+        f"rank {rank}: built fresh twice from the same config['seed'], the shards differ ({differ[:3]}): seed with "
+        "torch.manual_seed(config['seed']) before the first random draw (every reset_parameters() draws)")
+    fixed = sorted(k for k in random_parameters() if first.get(k) == other.get(k))
+    assert not fixed, (
+        f"rank {rank}: built fresh from two different config['seed'], these random parameters are equal: {fixed[:3]}: "
+        "seed with config['seed'], not a constant")
+    assert isinstance(probe["bf16_units"], list) and all(u == BF16_UNIT for u in probe["bf16_units"]), (
+        f"rank {rank}: pass **fsdp_kwargs to every fully_shard call: with BF16_OPTIONS each unit must have {BF16_UNIT}; "
+        f"got (blocks, then root) {probe['bf16_units']}")
+    check_no_default_mesh(probe["default_meshes"])
+
+
+def check_meta_sharded_first(probe: dict, rank: int = 1) -> None:
+    """fully_shard met only parameters on the meta device: nothing was allocated before it."""
+    assert not probe["allocated_before_sharding"], (
+        f"rank {rank}: fully_shard found {probe['allocated_before_sharding']} values already allocated: allocate nothing "
+        "before the last fully_shard (the root's); call to_empty after it, and build the model on the meta device")
 
 
 def check_meta_loaded(weight_digests: dict, reference_digests: dict) -> None:

@@ -42,12 +42,12 @@ WRONG = {
     # the whole model built eagerly on every rank, then sharded: right weights, but every rank held the whole model
     # (its fresh model and its loaded weights are right: it keeps those cells)
     "build_on_meta": (
-        "def build_on_meta(config, device, weights_file=None):\n"
+        "def build_on_meta(config, device, weights_file=None, **fsdp_kwargs):\n"
         "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
         "    model = build_vit_from(config)\n"
         "    for block in model.blocks:\n"
-        "        fully_shard(block, mesh=mesh)\n"
-        "    fully_shard(model, mesh=mesh)\n"
+        "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
+        "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
         "    if weights_file is not None:\n"
         "        full = torch.load(weights_file, map_location='cpu', weights_only=True) if dist.get_rank() == 0 else {}\n"
         "        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))\n"
@@ -96,13 +96,13 @@ MORE_WRONG = [
             "    if dist.get_rank() == 0:\n"
             "        torch.save(model.state_dict(), os.path.join(directory, 'model_full.pt'))\n"),
     "build_on_meta": (
-        "def build_on_meta(config, device, weights_file=None):\n"
+        "def build_on_meta(config, device, weights_file=None, **fsdp_kwargs):\n"
         "    with torch.device('meta'):\n"
         "        model = build_vit_from(config)\n"
         "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
         "    for block in model.blocks:\n"
-        "        fully_shard(block, mesh=mesh)\n"
-        "    fully_shard(model, mesh=mesh)\n"
+        "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
+        "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
         "    if weights_file is None:\n"
         "        torch.manual_seed(config['seed'])\n"
         "        for module in model.modules():\n"
@@ -158,7 +158,7 @@ MORE_WRONG = [
             "        torch.save(state, os.path.join(directory, 'model_full.pt'))\n",
             ["test_export_full_state_dict_weights"]),
     "build_on_meta": (
-        "def build_on_meta(config, device, weights_file=None):\n"
+        "def build_on_meta(config, device, weights_file=None, **fsdp_kwargs):\n"
         "    with torch.device('meta'):\n"
         "        model = build_vit_from(config)\n"
         "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
@@ -174,8 +174,8 @@ MORE_WRONG = [
         "    else:\n"
         "        full = torch.load(weights_file, map_location='cpu', weights_only=True) if dist.get_rank() == 0 else {}\n"
         "    for block in model.blocks:\n"
-        "        fully_shard(block, mesh=mesh)\n"
-        "    fully_shard(model, mesh=mesh)\n"
+        "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
+        "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
         "    if weights_file is not None:\n"
         "        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))\n"
         "    return model\n",
@@ -217,13 +217,13 @@ MORE_WRONG = [
             "    if dist.get_rank() == 0:\n"
             "        torch.save(state, os.path.join(directory, 'model_full.pt'))\n"),
     "build_on_meta": (
-        "def build_on_meta(config, device, weights_file=None):\n"
+        "def build_on_meta(config, device, weights_file=None, **fsdp_kwargs):\n"
         "    with torch.device('meta'):\n"
         "        model = build_vit_from(config)\n"
         "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
         "    for block in model.blocks:\n"
-        "        fully_shard(block, mesh=mesh)\n"
-        "    fully_shard(model, mesh=mesh)\n"
+        "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
+        "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
         "    model.to_empty(device=device)\n"
         "    if weights_file is None:\n"
         "        torch.manual_seed(config['seed'])\n"
@@ -273,13 +273,13 @@ MORE_WRONG = [
             "        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))\n"
             "        torch.save(state, os.path.join(directory, 'model_full.pt'))\n"),
     "build_on_meta": (
-        "def build_on_meta(config, device, weights_file=None):\n"
+        "def build_on_meta(config, device, weights_file=None, **fsdp_kwargs):\n"
         "    with torch.device('meta'):\n"
         "        model = build_vit_from(config)\n"
         "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
         "    for block in model.blocks:\n"
-        "        fully_shard(block, mesh=mesh)\n"
-        "    fully_shard(model, mesh=mesh)\n"
+        "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
+        "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
         "    model.to_empty(device=device)\n"
         "    if weights_file is None:\n"
         "        torch.manual_seed(config['seed'])\n"
@@ -316,13 +316,13 @@ MORE_WRONG = [
             "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
             "    return model, torch.optim.AdamW(model.parameters(), lr=config['lr'])\n"),
     "build_on_meta": (
-        "def build_on_meta(config, device, weights_file=None):\n"
+        "def build_on_meta(config, device, weights_file=None, **fsdp_kwargs):\n"
         "    with torch.device('meta'):\n"
         "        model = build_vit_from(config)\n"
         "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
         "    for block in model.blocks:\n"
-        "        fully_shard(block, mesh=mesh)\n"
-        "    fully_shard(model, mesh=mesh)\n"
+        "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
+        "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
         "    model.to_empty(device=device)\n"
         "    if weights_file is None:\n"
         "        torch.manual_seed(config['seed'])\n"
@@ -376,6 +376,150 @@ MORE_WRONG = [
             "    return model, torch.optim.AdamW(model.parameters(), lr=config['lr'])\n",
             ["test_setup_fsdp", "test_setup_fsdp_training"]),
     },
+    {
+        # the PyTorch tutorial's fully_shard(module) with no mesh: FSDP2 then builds its own on the machine's
+        # accelerator (cuda on a GPU node, where the notebook's CPU ranks fail); right on this CPU machine
+        "setup_fsdp": (
+            "def setup_fsdp(config, device, **fsdp_kwargs):\n"
+            "    model = build_vit_from(config)\n"
+            "    for block in model.blocks:\n"
+            "        fully_shard(block, **fsdp_kwargs)\n"
+            "    fully_shard(model, **fsdp_kwargs)\n"
+            "    return model, torch.optim.AdamW(model.parameters(), lr=config['lr'])\n",
+            ["test_setup_fsdp_options", "test_setup_fsdp_training"]),
+        # the checkpoint's path read as a local folder: right for a local checkpoint, not for one in cloud storage
+        "restore_checkpoint": (
+            "def restore_checkpoint(model, optimizer, checkpoint):\n"
+            "    model_state, optim_state = get_state_dict(model, optimizer)\n"
+            "    state = {'model': model_state, 'optimizer': optim_state, 'epoch': 0}\n"
+            "    dcp.load(state, checkpoint_id=checkpoint.path)\n"
+            "    set_state_dict(model, optimizer, model_state_dict=state['model'], optim_state_dict=state['optimizer'])\n"
+            "    return state['epoch'] + 1\n"),
+        # full_state_dict without cpu_offload: every rank gathers the whole model and keeps it (on a GPU worker, in
+        # GPU memory), then rank 0 saves its copy: the file is right
+        "export_full_state_dict": (
+            "def export_full_state_dict(model, directory):\n"
+            "    from pathlib import Path\n"
+            "    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))\n"
+            "    state = {k: v.cpu() for k, v in state.items()}\n"
+            "    if ray.train.get_context().get_world_rank() == 0:\n"
+            "        torch.save(state, Path(directory) / 'model_full.pt')\n",
+            ["test_export_full_state_dict"]),
+        # the ViT built by hand and never seeded (build_vit_from would have seeded it): every value initialised and
+        # within its distribution, but another model on every run
+        "build_on_meta": (
+            "def build_on_meta(config, device, weights_file=None, **fsdp_kwargs):\n"
+            "    with torch.device('meta'):\n"
+            "        model = ViT(depth=config['depth'], width=config['width'], heads=config['heads'], patch=config['patch'])\n"
+            "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
+            "    for block in model.blocks:\n"
+            "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
+            "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
+            "    model.to_empty(device=device)\n"
+            "    if weights_file is None:\n"
+            "        for module in model.modules():\n"
+            "            if hasattr(module, 'reset_parameters'):\n"
+            "                module.reset_parameters()\n"
+            "        with torch.no_grad():\n"
+            "            model.cls_token.zero_()\n"
+            "            model.pos_embed.normal_(0.0, 0.02)\n"
+            "    else:\n"
+            "        full = torch.load(weights_file, map_location='cpu', weights_only=True) if dist.get_rank() == 0 else {}\n"
+            "        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))\n"
+            "    return model\n",
+            ["test_build_on_meta_weights", "test_build_on_meta_memory"]),
+    },
+    {
+        # the model's shards, but the optimizer gathered whole: every rank writes every optimizer tensor
+        "save_and_report": (
+            "def save_and_report(model, optimizer, metrics, directory):\n"
+            "    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict\n"
+            "    optim_state = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))\n"
+            "    dcp.save({'model': get_model_state_dict(model), 'optimizer': optim_state, 'epoch': metrics['epoch']},\n"
+            "             checkpoint_id=directory)\n"
+            "    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(directory))\n",
+            ["test_save_and_report"]),
+        # a restore through full state dicts on every rank: the right values, but every rank reads and holds
+        # the whole model and optimizer
+        "restore_checkpoint": (
+            "def restore_checkpoint(model, optimizer, checkpoint):\n"
+            "    options = StateDictOptions(full_state_dict=True)\n"
+            "    model_state, optim_state = get_state_dict(model, optimizer, options=options)\n"
+            "    state = {'model': model_state, 'optimizer': optim_state, 'epoch': 0}\n"
+            "    with checkpoint.as_directory() as d:\n"
+            "        dcp.load(state, checkpoint_id=d)\n"
+            "    set_state_dict(model, optimizer, model_state_dict=state['model'], optim_state_dict=state['optimizer'],\n"
+            "                   options=options)\n"
+            "    return state['epoch'] + 1\n"),
+        # to_empty before the root's fully_shard: the blocks' shards and the root's whole parameters (patch
+        # embedding, tokens, head) allocated before the root is sharded (about 1% of this model: below any bound)
+        "build_on_meta": (
+            "def build_on_meta(config, device, weights_file=None, **fsdp_kwargs):\n"
+            "    with torch.device('meta'):\n"
+            "        model = build_vit_from(config)\n"
+            "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
+            "    for block in model.blocks:\n"
+            "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
+            "    model.to_empty(device=device)\n"
+            "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
+            "    if weights_file is None:\n"
+            "        torch.manual_seed(config['seed'])\n"
+            "        for module in model.modules():\n"
+            "            if hasattr(module, 'reset_parameters'):\n"
+            "                module.reset_parameters()\n"
+            "        with torch.no_grad():\n"
+            "            model.cls_token.zero_()\n"
+            "            model.pos_embed.normal_(0.0, 0.02)\n"
+            "    else:\n"
+            "        full = torch.load(weights_file, map_location='cpu', weights_only=True) if dist.get_rank() == 0 else {}\n"
+            "        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))\n"
+            "    return model\n",
+            ["test_build_on_meta", "test_build_on_meta_weights"]),
+    },
+    {
+        # the last block left in the root's unit: gathered with the root, two blocks' weights at once
+        "setup_fsdp": (
+            "def setup_fsdp(config, device, **fsdp_kwargs):\n"
+            "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
+            "    model = build_vit_from(config)\n"
+            "    for block in model.blocks[:-1]:\n"
+            "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
+            "    fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
+            "    return model, torch.optim.AdamW(model.parameters(), lr=config['lr'])\n",
+            ["test_setup_fsdp_training"]),
+        # dcp.load fills the sharded state dicts in place, so the model and the momentum come back; the
+        # optimizer's param_groups (its lr, as a schedule left it) only through set_state_dict
+        "restore_checkpoint": (
+            "def restore_checkpoint(model, optimizer, checkpoint):\n"
+            "    model_state, optim_state = get_state_dict(model, optimizer)\n"
+            "    state = {'model': model_state, 'optimizer': optim_state, 'epoch': 0}\n"
+            "    with checkpoint.as_directory() as d:\n"
+            "        dcp.load(state, checkpoint_id=d)\n"
+            "    return state['epoch'] + 1\n", ["test_restore_checkpoint"]),
+        # the options to the blocks only: the root (patch embedding, head) keeps fp32 and resharding
+        "build_on_meta": (
+            "def build_on_meta(config, device, weights_file=None, **fsdp_kwargs):\n"
+            "    with torch.device('meta'):\n"
+            "        model = build_vit_from(config)\n"
+            "    mesh = init_device_mesh(device.type, (dist.get_world_size(),))\n"
+            "    for block in model.blocks:\n"
+            "        fully_shard(block, mesh=mesh, **fsdp_kwargs)\n"
+            "    fully_shard(model, mesh=mesh)\n"
+            "    model.to_empty(device=device)\n"
+            "    if weights_file is None:\n"
+            "        torch.manual_seed(config['seed'])\n"
+            "        for module in model.modules():\n"
+            "            if hasattr(module, 'reset_parameters'):\n"
+            "                module.reset_parameters()\n"
+            "        with torch.no_grad():\n"
+            "            model.cls_token.zero_()\n"
+            "            model.pos_embed.normal_(0.0, 0.02)\n"
+            "    else:\n"
+            "        full = torch.load(weights_file, map_location='cpu', weights_only=True) if dist.get_rank() == 0 else {}\n"
+            "        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))\n"
+            "    return model\n",
+            ["test_build_on_meta_weights", "test_build_on_meta_memory"]),
+    },
 ]
 
 RIGHT = {
@@ -414,25 +558,25 @@ RIGHT = {
         "    set_model_state_dict(model, state['model'])\n"
         "    set_optimizer_state_dict(model, optimizer, state['optimizer'])\n"
         "    return int(state['epoch']) + 1\n"),
-    # Ray Train's world rank, pathlib, a full state dict on every rank (no cpu_offload): right, only heavier
+    # Ray Train's world rank, pathlib, keywords, the options in the other order, the empty dict of the other ranks
+    # tested instead of the rank
     "export_full_state_dict": (
         "def export_full_state_dict(model, directory):\n"
         "    from pathlib import Path\n"
-        "    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))\n"
-        "    state = {k: v.cpu() for k, v in state.items()}\n"
+        "    state = get_model_state_dict(model=model, options=StateDictOptions(cpu_offload=True, full_state_dict=True))\n"
         "    if ray.train.get_context().get_world_rank() == 0:\n"
-        "        torch.save(state, Path(directory) / 'model_full.pt')\n"),
+        "        torch.save(obj=state, f=Path(directory) / 'model_full.pt')\n"),
     # torchtitan's order: always initialise, then let the loaded weights overwrite; ViT by hand inside the meta
     # device, blocks by index, model.apply, nn.init's zeros_ and trunc_normal_, the file memory-mapped on rank 0
     "build_on_meta": (
-        "def build_on_meta(config, device, weights_file=None):\n"
+        "def build_on_meta(config, device, weights_file=None, **fsdp_kwargs):\n"
         "    from torch.distributed.checkpoint.state_dict import set_model_state_dict as load_into\n"
         "    with torch.device('meta'):\n"
         "        model = ViT(depth=config['depth'], width=config['width'], heads=config['heads'], patch=config['patch'])\n"
         "    mesh = init_device_mesh(device_type=device.type, mesh_shape=(dist.get_world_size(),))\n"
         "    for i in range(len(model.blocks)):\n"
-        "        fully_shard(model.blocks[i], mesh=mesh)\n"
-        "    model = fully_shard(model, mesh=mesh)\n"
+        "        fully_shard(model.blocks[i], mesh=mesh, **fsdp_kwargs)\n"
+        "    model = fully_shard(model, mesh=mesh, **fsdp_kwargs)\n"
         "    model = model.to_empty(device=device)\n"
         "    torch.manual_seed(config['seed'])\n"
         "    model.apply(lambda m: m.reset_parameters() if hasattr(m, 'reset_parameters') else None)\n"
