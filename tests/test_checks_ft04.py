@@ -3,6 +3,7 @@ the mistakes of tests/mistakes/04_fault_tolerance.py for the exercises whose obj
 RunConfig, the Tuner), the reference run the grader trains itself, and the reference functions it sends."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import tempfile
@@ -27,13 +28,16 @@ def _answers():
 
 def _define(code: str) -> dict:
     """An answer cell's code run with the notebook's names it uses."""
+    import os
+    from pathlib import Path
+
     import ray
     import ray.train
     from ray import tune
     from ray.train import CheckpointConfig, FailureConfig, RunConfig
     from ray.tune.schedulers import ASHAScheduler
 
-    space = dict(ray=ray, tune=tune, RunConfig=RunConfig, FailureConfig=FailureConfig,
+    space = dict(os=os, Path=Path, ray=ray, tune=tune, RunConfig=RunConfig, FailureConfig=FailureConfig,
                  CheckpointConfig=CheckpointConfig, ASHAScheduler=ASHAScheduler)
     exec(code, space)
     return space
@@ -49,10 +53,11 @@ def _run_config_data(make_run_config, cases) -> dict:
     configs = []
     for case in cases:
         with tempfile.TemporaryDirectory() as d:
-            name, retries, keep, metric, mode = case
+            name, retries, keep, metric, mode = case[:5]
+            storage = case[5] if len(case) > 5 else d     # a URI where the case names one, as the test cell
             try:
-                rc = make_run_config(name, d, max_retries=retries, keep=keep, metric=metric, mode=mode)
-                configs.append({"case": list(case), "value": ft.describe_run_config(rc, d), "error": None})
+                rc = make_run_config(name, storage, max_retries=retries, keep=keep, metric=metric, mode=mode)
+                configs.append({"case": list(case), "value": ft.describe_run_config(rc, storage), "error": None})
             except Exception as e:  # noqa: BLE001
                 configs.append({"case": list(case), "value": None, "error": f"{type(e).__name__}: {e}"})
     return json.loads(json.dumps(plain({"configs": configs})))
@@ -82,12 +87,14 @@ def _tuner_data(build_tuner, cases) -> dict:
     tuners = []
     for case in cases:
         num_samples, max_epochs, min_epochs, lr_range, batch_sizes, name = case[:6]
-        with tempfile.TemporaryDirectory() as d:
+        with tempfile.TemporaryDirectory() as d, contextlib.chdir(d):   # (as the test cell: a mangled URI lands there)
+            storage = case[7] if len(case) > 7 else d
             try:
                 tuner = build_tuner(never_run, num_samples=num_samples, max_epochs=max_epochs, min_epochs=min_epochs,
-                                    lr_range=tuple(lr_range), storage_path=d, name=name,
-                                    batch_sizes=tuple(batch_sizes) if case[6:] == [True] else list(batch_sizes))
-                tuners.append({"case": list(case), "value": ft.describe_tuner(tuner, never_run, d), "error": None})
+                                    lr_range=tuple(lr_range), storage_path=storage, name=name,
+                                    batch_sizes=tuple(batch_sizes) if case[6:7] == [True] else list(batch_sizes))
+                tuners.append({"case": list(case), "value": ft.describe_tuner(tuner, never_run, storage),
+                               "error": None})
             except Exception as e:  # noqa: BLE001
                 tuners.append({"case": list(case), "value": None, "error": f"{type(e).__name__}: {e}"})
     return json.loads(json.dumps(plain({"tuners": tuners})))
@@ -111,6 +118,38 @@ def test_reference_and_right_pass_and_each_mistake_loses_its_cells(exercise, ver
         code, keeps = wrong[exercise]
         got = verdicts(code)
         assert {gid for gid, passed in got.items() if passed} == set(keeps), (code, got)
+
+
+def test_verbosity_fit_refuses_fails_the_search():
+    """verbose is not graded, except a level Tune's fit() raises ValueError for (its levels are 0 to 3)."""
+    mod, _ = _cases()
+    for verbose, passes in [("0", True), ("1", True), ("None", True), ("-1", False), ("4", False)]:
+        code = _tuner(mod, f"tune.RunConfig(name=name, storage_path=storage_path, verbose={verbose})")
+        got = _tuner_verdicts(code)
+        assert got["test_build_tuner_search"] is passes and got["test_build_tuner_asha"], (verbose, got)
+
+
+def _tuner(mod, run_config: str) -> str:
+    return mod._tuner(run_config=run_config)
+
+
+def test_storage_uri_kept_as_given():
+    """A storage URI passed on as given passes; made absolute with os.path, or through Path, it is a local folder."""
+    mod, _ = _cases()
+    for storage, passes in [("storage_path", True), ("os.path.abspath(storage_path)", False),
+                            ("str(Path(storage_path))", False)]:
+        got = _tuner_verdicts(_tuner(mod, f"tune.RunConfig(name=name, storage_path={storage})"))
+        assert got["test_build_tuner_search"] is passes, (storage, got)
+        got = _run_config_verdicts(mod._run_config().replace("storage_path=storage_path",
+                                                              f"storage_path={storage}"))
+        assert got["test_make_run_config_failures"] is passes and got["test_make_run_config_keep"], (storage, got)
+
+
+def test_a_pickled_call_that_ran_fails_the_cpu_cell():
+    ft.check_refuses_code([{"file": "state.pt", "ran": False, "error": "UnpicklingError: Weights only load failed"}])
+    with pytest.raises(AssertionError, match="weights_only=True"):
+        ft.check_refuses_code([{"file": "state.pt", "ran": False, "error": None},
+                               {"file": "rng_rank_1.pt", "ran": True, "error": None}])
 
 
 def test_nothing_handed_in_fails_every_cell_with_a_message():

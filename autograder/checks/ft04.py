@@ -34,13 +34,22 @@ STATE_FILE = ft.STATE_FILE
 WEIGHTS_TOL = 1e-5
 
 HIDDEN_RNG_RANKS = [0, 1, 2]
+# the restarted group's own checkpoints, compared with the uninterrupted run's of the same epochs (every one), and
+# each loaded (as rank 2, then rank 1): the epoch returned and the stream restored
+LATER_EPOCHS = (1, 2)
 HIDDEN_FAILURES = {"never-retry": (0, 0), "one-retry": (1, 1), "spot-run": (5, 5), "forever": (None, -1)}
 HIDDEN_KEEP = [(2, None, "min"), (1, None, "max"), (None, "val_loss", "min"), (1, "accuracy", "max"), (5, "bleu", "max")]
+# storage that is not a folder on this machine: a URI, passed on as given (os.path.abspath or str(Path(...)) of it
+# names a local folder "s3:/...")
+HIDDEN_STORAGE = [["cloud-run", 3, 2, "val_loss", "min", "s3://course-bucket/runs"]]
 HIDDEN_SCORE = [("accuracy", "max"), ("neg_val_loss", "max"), ("accuracy_drop", "min"), ("perplexity", "min"),
                 ("bleu", "max"), ("loss", "min")]
 # build_tuner's cases: [num_samples, max_epochs, min_epochs, lr_range, batch_sizes, name(, batch sizes as a tuple)]
 VISIBLE_TUNER = [4, 3, 1, [1e-4, 1e-2], [32, 64], "tune-check"]
-HIDDEN_SEARCH = [[7, 9, 3, [3e-4, 3e-2], [16, 48, 96], "sweep-a"], [5, 12, 2, [1e-5, 1e-3], [8, 24], "sweep-b", True]]
+# (a Tuner resolves its storage when it is built: pyarrow's in-memory "mock://" filesystem stands for a bucket, which
+# would need the network)
+HIDDEN_SEARCH = [[7, 9, 3, [3e-4, 3e-2], [16, 48, 96], "sweep-a"], [5, 12, 2, [1e-5, 1e-3], [8, 24], "sweep-b", True],
+                 [6, 9, 3, [3e-4, 3e-2], [16, 48], "sweep-c", False, "mock://course-bucket/tune"]]
 HIDDEN_ASHA = [[4, 9, 3, [1e-4, 1e-2], [32, 64], "sweep-a"], [4, 12, 2, [1e-4, 1e-2], [32, 64], "sweep-b"]]
 
 # resume beside the notebook's marking stand-in of load_training_state: as rank `rank` of 4 from a marked
@@ -57,7 +66,7 @@ ASKED = {"test_training_state_rng": HIDDEN_RNG_RANKS,
          "test_training_state_restart": ["restart"],
          **HIDDEN_RESUMED,
          "test_make_run_config_failures": [[name, retries, 2, "val_loss", "min"]
-                                           for name, (retries, _) in HIDDEN_FAILURES.items()],
+                                           for name, (retries, _) in HIDDEN_FAILURES.items()] + HIDDEN_STORAGE,
          "test_make_run_config_keep": [["keep-check", 2, keep, metric, mode] for keep, metric, mode in HIDDEN_KEEP],
          "test_make_run_config_score": [["keep-check", 2, 2, metric, mode] for metric, mode in HIDDEN_SCORE],
          "test_build_tuner_search": HIDDEN_SEARCH, "test_build_tuner_asha": HIDDEN_ASHA}
@@ -88,6 +97,36 @@ def _load(content: bytes, what: str):
 
 def _error(message) -> str:
     return str(message).removeprefix("AssertionError: ")
+
+
+def _same_storage(got: str | None, given: str) -> bool:
+    """storage_path as given: the same folder, or for a URI ("s3://...") the same text."""
+    if got is None:
+        return False
+    if "://" in given:
+        return got.rstrip("/") == given.rstrip("/")
+    return Path(got) == Path(given)
+
+
+def _same_optimizer(state: dict, expected: dict, what: str) -> None:
+    """An optimizer's state_dict against the reference's: the same hyperparameters, and every state tensor within
+    WEIGHTS_TOL (Adam's step, running averages: computed from the same gradients)."""
+    import torch
+
+    got_groups = [{k: v for k, v in g.items() if k != "params"} for g in state.get("param_groups", [])]
+    ref_groups = [{k: v for k, v in g.items() if k != "params"} for g in expected["param_groups"]]
+    assert got_groups == ref_groups, f"{what}: its param_groups are not the optimizer's ({got_groups})"
+    got, ref_state = state.get("state", {}), expected["state"]
+    assert sorted(got) == sorted(ref_state), (
+        f"{what}: the state of {len(got)} parameters, expected {len(ref_state)} (the optimizer's state_dict())")
+    for key, values in ref_state.items():
+        for name, value in values.items():
+            mine = got[key].get(name) if isinstance(got[key], dict) else None
+            assert isinstance(mine, torch.Tensor) and mine.shape == value.shape, \
+                f"{what}: parameter {key}'s {name!r} is not the optimizer's (got {type(mine).__name__})"
+            diff = (mine.double() - value.double()).abs().max().item() if value.numel() else 0.0
+            assert diff < WEIGHTS_TOL, (f"{what}: parameter {key}'s {name!r} differs from the reference run's by "
+                                        f"{diff:.1e}: save optimizer.state_dict() after the epoch's last step")
 
 
 def _same_as_reference(weights: dict, expected: dict, what: str) -> None:
@@ -130,6 +169,7 @@ def training_state_files(data):
         raise AssertionError("save the unwrapped model's state_dict (model.module under DDP), so that it loads into "
                              f"a plain model: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     _same_as_reference(state["model"], ref.saved_state(0)["model"], f"the model in rank 0's {STATE_FILE} of epoch 0")
+    _same_optimizer(state["optimizer"], ref.saved_state(0)["optimizer"], f"the optimizer in rank 0's {STATE_FILE}")
     return "rank 0 writes the model, the optimizer and the epoch; every other rank only its own small RNG file"
 
 
@@ -156,6 +196,10 @@ def training_state_cpu(data):
     assert diff == 0, f"after load_training_state the model holds the saved weights (they differ by {diff:.1e})"
     assert data.get("devices") == ["cpu"], f"the weights stay on the CPU (they are on {data.get('devices')})"
     _same_as_reference(weights, ref.saved_state(0)["model"], "the model loaded from the checkpoint of epoch 0")
+    tampered = {entry.get("file"): entry for entry in data.get("tampered") or []}
+    for name in (STATE_FILE, "rng_rank_1.pt"):
+        assert name in tampered, f"the test cell handed in no load of a checkpoint whose {name} holds a call: {_NOTHING}"
+    ft.check_refuses_code(list(tampered.values()))
     return "a checkpoint written by GPU workers, in cloud storage, loads on a CPU-only machine"
 
 
@@ -172,6 +216,25 @@ def training_state_restart(data):
     assert diff < WEIGHTS_TOL, (
         f"after a restart from your checkpoint the weights differ from the uninterrupted run's by {diff:.1e}: "
         "save and restore the optimizer, and on every rank its own RNG state (saved under its global rank)")
+    later = data.get("later") or {}
+    assert later and not later.get("error"), (
+        f"your load_training_state failed on a checkpoint the restarted group wrote: {later.get('error')}")
+    assert len(later["value"]["states"]) == len(later["value"]["loads"]) == len(LATER_EPOCHS), \
+        f"the test cell handed in the restarted group's checkpoints of epochs {list(LATER_EPOCHS)}: {_NOTHING}"
+    for epoch, files, load in zip(LATER_EPOCHS, later["value"]["states"], later["value"]["loads"]):
+        files = ft.files_bytes(files)
+        assert STATE_FILE in files, f"the restarted group's checkpoint of epoch {epoch} has no {STATE_FILE}"
+        state = _load(files[STATE_FILE], f"the {STATE_FILE} of epoch {epoch}")
+        assert isinstance(state, dict) and state.get("epoch") == epoch, (
+            f"the {STATE_FILE} written after epoch {epoch} says epoch "
+            f"{state.get('epoch') if isinstance(state, dict) else '?'!r}: 'epoch' is the epoch that just finished")
+        _same_as_reference(state["model"], ref.saved_state(epoch)["model"],
+                           f"the model in the restarted group's checkpoint of epoch {epoch}")
+        _same_optimizer(state["optimizer"], ref.saved_state(epoch)["optimizer"],
+                        f"the optimizer in the restarted group's checkpoint of epoch {epoch}")
+        assert load["finished"] == epoch, (f"load_training_state on the checkpoint of epoch {epoch} returns {epoch}, "
+                                           f"the saved epoch (got {load['finished']!r})")
+        ft.check_rng(load["rank"], tensor(load["rng"]), ref.reported_rng(epoch, load["rank"]))
     return f"4 ranks restarted from your checkpoint end on the uninterrupted run (max |difference| {diff:.1e})"
 
 
@@ -272,7 +335,7 @@ def _run_config(data, name, max_retries, keep, metric, mode) -> dict:
 
     rc = _configs(data, [name, max_retries, keep, metric, mode])
     assert ft._is(rc, ray.train.RunConfig), f"return a ray.train.RunConfig (got {(rc.get('type') or ['?'])[0]})"
-    assert rc["name"] == name and rc["storage_path"] is not None and Path(rc["storage_path"]) == Path(rc["given"]), \
+    assert rc["name"] == name and _same_storage(rc["storage_path"], rc["given"]), \
         f"name={name!r}, storage_path as given (got {rc['name']!r}, {rc['storage_path']!r})"
     return rc
 
@@ -298,6 +361,11 @@ def make_run_config_failures(data):
         assert fc["max_failures"] == failures, (
             f"max_retries={retries!r}: FailureConfig(max_failures={failures}) (got {fc['max_failures']!r}; "
             "0 means no retry at all, -1 retries without limit)")
+    for case in HIDDEN_STORAGE:
+        rc = _configs(data, case)
+        assert _same_storage(rc["storage_path"], case[-1]), (
+            f"storage_path={case[-1]!r} as given (got {rc['storage_path']!r}): storage may be a URI, which is not a "
+            "folder on this machine; os.path or Path would turn it into one")
     return "FailureConfig(max_failures) from max_retries: 0 none, N up to N, None without limit"
 
 
@@ -412,8 +480,12 @@ def _check_search(data, case):
         "metric and mode are set twice, in the TuneConfig and in the scheduler: Tune refuses that at fit(); "
         "give them once (in the TuneConfig)")
     rc = got["run_config"]
-    assert rc["name"] == name and rc["storage_path"] is not None and Path(rc["storage_path"]) == Path(rc["given"]), \
-        f"results under storage_path/name: name={name!r} (got {rc['name']!r}, {rc['storage_path']!r})"
+    assert rc["name"] == name and _same_storage(rc["storage_path"], rc["given"]), (
+        f"results under storage_path/name, as given: name={name!r}, storage_path={rc['given']!r} (got "
+        f"{rc['name']!r}, {rc['storage_path']!r}; a URI is not a folder on this machine)")
+    verbose = rc.get("verbose", None)   # (ray.train's RunConfig, which Tune also takes, holds a "DEPRECATED" text)
+    assert not isinstance(verbose, int) or 0 <= verbose <= 3, (
+        f"verbose={verbose!r}: fit() raises ValueError for it (Tune's levels are 0 to 3; 0 keeps its tables out)")
 
 
 def build_tuner_search(data):

@@ -65,6 +65,16 @@ def check_loads_on_cpu(run: dict) -> None:
     assert run.get("finished") == 0, f"load_training_state returns the saved epoch: 0 (got {run.get('finished')!r})"
 
 
+def check_refuses_code(tampered: list) -> None:
+    """``tampered``: [{"file", "ran": whether a call pickled in that file ran, "error"}] of load_training_state on
+    a checkpoint in which one file's value is a pickled call (what a tampered or foreign checkpoint can hold)."""
+    for entry in tampered:
+        assert not entry.get("ran"), (
+            f"load_training_state ran a call pickled in {entry.get('file')}: unpickling a file may run any code in "
+            "it. Load every file with torch.load(..., weights_only=True), which reads tensors and plain data only "
+            "and refuses the call")
+
+
 # ---------------------------------------------------------------- resume
 
 def check_fresh_start(first) -> None:
@@ -156,7 +166,7 @@ def check_score_visible(rc: dict) -> None:
 
 # ---------------------------------------------------------------- build_tuner
 # a Tuner described: {"type", "trainable_is_trial", "space": {key: a domain described}, "tune_config": {...},
-# "scheduler": {...} or None, "run_config": {"name", "storage_path", "given"}}
+# "scheduler": {...} or None, "run_config": {"name", "storage_path", "given", "verbose"}}
 
 def _domain(value) -> dict:
     from ray.tune.search.sample import Categorical, Domain
@@ -171,6 +181,14 @@ def _domain(value) -> dict:
             out["lower"], out["upper"] = getattr(value, "lower", None), getattr(value, "upper", None)
         return out
     return {"kind": "value", "repr": repr(value)}
+
+
+def _level(verbose):
+    """A verbosity as plain data: None, its number (an int or one of Tune's enums), or its repr."""
+    try:
+        return None if verbose is None else int(verbose)
+    except (TypeError, ValueError):
+        return repr(verbose)
 
 
 def describe_tuner(tuner, trial, given: str) -> dict:
@@ -204,7 +222,7 @@ def describe_tuner(tuner, trial, given: str) -> dict:
                                 "type": _classes(search), "max_concurrent": getattr(search, "max_concurrent", None)}},
             "scheduler": described_sched,
             "run_config": {"name": rc.name, "storage_path": None if rc.storage_path is None else str(rc.storage_path),
-                           "given": given}}
+                           "given": given, "verbose": _level(rc.verbose)}}
 
 
 def _tuner_type(tuner: dict) -> None:

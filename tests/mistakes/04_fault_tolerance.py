@@ -181,11 +181,27 @@ MORE_WRONG = [
     {   # "up to max_retries, or forever": 0 (never retry) read as no limit
         "make_run_config": (_run_config(failures="max_retries or -1"),
                             ["test_make_run_config_keep", "test_make_run_config_score"]),
+        # an older tutorial's load, weights_only=False: unpickling runs any call a tampered or foreign file holds
+        # (the files, streams and restart are right)
+        "training_state": (_GIVEN + _SAVE_OK + _load(
+            state_line="state = torch.load(os.path.join(directory, STATE_FILE), map_location='cpu', weights_only=False)",
+            rng_load="torch.load(os.path.join(directory, rng_file(rank)), map_location='cpu', weights_only=False)"),
+            ["test_training_state_files", "test_training_state_rng", "test_training_state_restart"]),
     },
     {   # "the most recent" read as the best by epoch, with the mode given: mode='min' keeps the oldest
         "make_run_config": (_run_config(checkpoint="num_to_keep=keep, checkpoint_score_attribute=metric or 'epoch', "
                                                    "checkpoint_score_order=mode"),
                             ["test_make_run_config_failures", "test_make_run_config_score"]),
+        # the storage path "cleaned up" through pathlib: right for a folder, but a URI ('mock://bucket/tune', as
+        # 's3://...') becomes a local folder 'mock:/bucket/tune' (the scheduler is right)
+        "build_tuner": (_tuner(run_config="tune.RunConfig(name=name, storage_path=str(Path(storage_path).resolve()))"),
+                        ["test_build_tuner_asha"]),
+    },
+    {   # the storage path made absolute with os.path: right for a folder, but 's3://bucket/runs' becomes the local
+        # folder '<cwd>/s3:/bucket/runs' (the failures and the checkpoints kept are right)
+        "make_run_config": (_run_config().replace("storage_path=storage_path",
+                                                  "storage_path=os.path.abspath(storage_path)"),
+                            ["test_make_run_config_keep", "test_make_run_config_score"]),
     },
 ]
 
