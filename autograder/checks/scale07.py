@@ -19,7 +19,8 @@ BUDGET = 900_000        # the notebook's MEMORY_BUDGET: bytes of model state one
 WORLD_SIZE = 4          # 2 nodes x 2
 CHECK = {"width": 64, "depth": 3, "hidden": 256, "train_samples": 104, "batch_size": 24, "epochs": 2, "lr": 3e-3,
          "weight_decay": 0.05, "seed": 0, "device": "cpu"}
-ONE = {**CHECK, "width": 48, "hidden": 96, "train_samples": 72, "batch_size": 16, "lr": 2e-3, "weight_decay": 0.1}
+ONE = {**CHECK, "width": 48, "hidden": 96, "train_samples": 72, "batch_size": 16, "lr": 2e-3, "weight_decay": 0.1,
+       "seed": 3}   # a seed other than the default: the sampler's and the model's must come from the config
 ASKED = {"test_train_func_one_worker": [ONE]}
 
 
@@ -68,6 +69,19 @@ def memory_budget(data):
     return f"at most {max(sum(r['memory'].values()) for r in run['ranks']):,} bytes of model state per worker"
 
 
+def _pinned_to_the_cpu(source) -> str | None:
+    """``torch.device("cpu")`` in train_func's source (the driver's device, not the worker's), or None."""
+    try:
+        tree = ast.parse(source) if isinstance(source, str) else None
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree) if tree else []:
+        if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "device" and node.args \
+                and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("cpu"):
+            return ast.unparse(node)
+    return None
+
+
 def _literal_mesh_device(source) -> str | None:
     try:
         tree = ast.parse(source) if isinstance(source, str) else None
@@ -89,6 +103,9 @@ def layers_sharded(data):
         assert result["meshes"] == [["cpu", WORLD_SIZE]], (
             f"{cap.where(rank)}: the parameters are sharded over {result['meshes']} (device type, ranks): use a 1-D "
             f"mesh of all {WORLD_SIZE} ranks of the job, of the worker's device type")
+    pinned = _pinned_to_the_cpu(data.get("source"))
+    assert pinned is None, (f"train_func pins its device to the CPU ({pinned}): the workers' device comes from "
+                            "ray.train.torch.get_device() (cuda:N on GPU workers), so the same code runs on both")
     literal = _literal_mesh_device(data.get("source"))
     assert literal is None, (f"the mesh's device type must come from the worker's device "
                              f"(ray.train.torch.get_device().type), not the literal {literal}: the same code runs on "
@@ -159,7 +176,15 @@ def one_worker(data):
         assert read["epoch"] == epochs[-1], f"one worker: the last checkpoint says epoch {read['epoch']!r}"
         diff = cap.max_difference(read["weights"], run["weights"])
         assert diff == 0, f"one worker: the last checkpoint's model differs from the run's weights by {diff:.1e}"
-    return "one worker (a group of one): every epoch reported with its checkpoint"
+        losses, script = reference_capstone(config)       # values, not only properties: the script's run
+        try:
+            cap.check_matches(run, script)
+            cap.check_losses(0, result["reports"], losses, per_node=1)
+        except AssertionError as e:
+            raise AssertionError(f"one worker with other settings (seed {config['seed']}, lr {config['lr']}, "
+                                 f"{config['train_samples']} examples): {e}. Every setting comes from the config: "
+                                 "the model's and the sampler's seed too") from None
+    return "one worker (a group of one): every epoch reported with its checkpoint, the script's weights and losses"
 
 
 CHECKS = {"test_train_func_matches_one_process": matches_one_process, "test_train_func_loss": loss,
@@ -170,4 +195,4 @@ CHECKS = {"test_train_func_matches_one_process": matches_one_process, "test_trai
 # rank's losses, the optimizer built after sharding, the mesh, the checkpoint read back, the resumed weights)
 HIDDEN_CHECKS = set(CHECKS)
 # what every submission's checks compare with, computed once by a warm worker before it forks the jobs
-PREPARE = (lambda: reference_capstone(CHECK),)
+PREPARE = (lambda: reference_capstone(CHECK), lambda: reference_capstone(ONE))

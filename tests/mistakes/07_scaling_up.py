@@ -179,8 +179,8 @@ MORE_WRONG = [
     {"train_func": RESUME_FROM_PATH},
 ]
 
-# Correct, written differently from the reference: prepare_data_loader's sampler (told the epoch only where it
-# exists), the rank and world size from torch.distributed, get_checkpoint imported by name, fully_shard with its
+# Correct, written differently from the reference: the sampler's rank and world size from its process group (its
+# defaults), the rank and world size from torch.distributed, get_checkpoint imported by name, fully_shard with its
 # default spelled out, the model's and the optimizer's state dicts through their own functions, the loss summed as
 # tensors, a folder from mkdtemp; answers to the questions written with commas and capitals.
 RIGHT = {
@@ -210,14 +210,14 @@ def train_func(config):
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
         start = int(state["epoch"]) + 1
     data = load_digits(train=True, limit=config["train_samples"], quiet=True).dataset()
-    loader = ray.train.torch.prepare_data_loader(
-        DataLoader(data, batch_size=config["batch_size"] // world, shuffle=True, drop_last=True))
+    order = DistributedSampler(data, shuffle=True, seed=config["seed"], drop_last=False)
+    loader = DataLoader(data, batch_size=config["batch_size"] // world, sampler=order, drop_last=True)
     for epoch in range(start, config["epochs"]):
-        if isinstance(loader.sampler, DistributedSampler):
-            loader.sampler.set_epoch(epoch)
+        order.set_epoch(epoch)
         loss_total = torch.zeros((), device=device)
         examples = torch.zeros((), device=device)
         for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()
