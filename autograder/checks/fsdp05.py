@@ -4,7 +4,8 @@ reports, files, merged contents and DCP metadata of a sharded save (save_and_rep
 peaks of build_on_meta, and the layout, collectives and gradients of shard_hybrid. Each test cell's data is checked
 with the visible checks (``coursekit.exercise_checks.fsdp``, the functions the notebook calls) and the hidden ones
 here, on the notebook's cases and on those only the grader knows (``ASKED``). Every reference (one process trained on
-the whole batches, the seeded weights, the model's size) is computed here, never taken from the kernel."""
+the whole batches, the seeded weights, the model's size, each rank's fresh shards of a meta-device build on 2 ranks
+forked from this process) is computed here, never taken from the kernel."""
 from __future__ import annotations
 
 import re
