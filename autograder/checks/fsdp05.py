@@ -42,6 +42,9 @@ SAVED_LR = TINY["lr"] / 4          # the restore check's saved run: its lr as a 
 # 0.46-0.58 x the model while a right export gathered (each tensor all-gathered, then dropped), by 1.05-1.17 x when
 # it kept its own full copy (cpu_offload left out).
 EXPORT_PEAK = 0.8
+# Not graded: the reference's rank 1 rose by 0.93 x at 1 torch thread with MKL_CBWR=COMPATIBLE (the full suite's
+# tests/test_grading_threads.py, 2026-11-28), too near the mistake's 1.05 x for a bound that holds on every machine.
+EXPORT_PEAK_GRADED = False
 MID = dict(depth=6, width=192, heads=4, patch=7, lr=1e-2, seed=5)      # the notebook's checked size
 HYBRID_LAYOUTS = {"2 nodes x 2": (2, 2), "4 nodes x 1": (4, 1)}
 
@@ -432,7 +435,7 @@ def export_full_state_dict_weights(data):
         reference = seeded_weights(case[0], case[3])
         assert set(state) == set(reference) and max_difference(state, reference) == 0, \
             f"{where}the file must hold the sharded model's full weights: every key, every shard gathered"
-        if case == VISIBLE_EXPORT:
+        if case == VISIBLE_EXPORT or not EXPORT_PEAK_GRADED:
             continue
         from coursekit.memory import format_bytes
 
