@@ -335,15 +335,19 @@ def mutants(cell: str) -> list[Mutant]:
         indent = lines[b][:len(lines[b]) - len(lines[b].lstrip())]
         for m in _mutants(textwrap.dedent(region)):
             body = textwrap.indent(m.source, indent, lambda _: True)
-            code = "\n".join([*lines[:b + 1], body, *lines[e:]])
-            try:
-                dump = ast.dump(ast.parse(code))
-            except SyntaxError:
-                continue
-            if dump not in seen:
-                seen.add(dump)
-                found.append(Mutant(m.operator, code, m.diff))
+            _keep(found, seen, Mutant(m.operator, "\n".join([*lines[:b + 1], body, *lines[e:]]), m.diff))
     return found
+
+
+def _keep(found: list[Mutant], seen: set[str], mutant: Mutant) -> None:
+    """Add ``mutant`` to ``found`` unless it does not parse or is, as code, one already ``seen``."""
+    try:
+        dump = ast.dump(ast.parse(mutant.source))
+    except SyntaxError:
+        return
+    if dump not in seen:
+        seen.add(dump)
+        found.append(mutant)
 
 
 def _mutants(source: str) -> list[Mutant]:
@@ -356,13 +360,7 @@ def _mutants(source: str) -> list[Mutant]:
     found: list[Mutant] = []
 
     def keep(operator: str, code: str, before: str, note: str = ""):
-        try:
-            dump = ast.dump(ast.parse(code))
-        except SyntaxError:
-            return
-        if dump not in seen:
-            seen.add(dump)
-            found.append(Mutant(operator, code, note or _changed(before, code)))
+        _keep(found, seen, Mutant(operator, code, note or _changed(before, code)))
 
     for name in COSMIC:
         op = get_operator(name)()

@@ -69,30 +69,30 @@ def memory_budget(data):
     return f"at most {max(sum(r['memory'].values()) for r in run['ranks']):,} bytes of model state per worker"
 
 
-def _pinned_to_the_cpu(source) -> str | None:
-    """``torch.device("cpu")`` in train_func's source (the driver's device, not the worker's), or None."""
+def _calls(source, name: str):
+    """The calls of ``name`` (``torch.device``, ``init_device_mesh``: by its last dotted part) in ``source``."""
     try:
         tree = ast.parse(source) if isinstance(source, str) else None
     except SyntaxError:
-        return None
+        return
     for node in ast.walk(tree) if tree else []:
-        if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "device" and node.args \
-                and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("cpu"):
+        if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == name:
+            yield node
+
+
+def _pinned_to_the_cpu(source) -> str | None:
+    """``torch.device("cpu")`` in train_func's source (the driver's device, not the worker's), or None."""
+    for node in _calls(source, "device"):
+        if node.args and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("cpu"):
             return ast.unparse(node)
     return None
 
 
 def _literal_mesh_device(source) -> str | None:
-    try:
-        tree = ast.parse(source) if isinstance(source, str) else None
-    except SyntaxError:
-        return None
-    for node in ast.walk(tree) if tree else []:
-        if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "init_device_mesh":
-            kind = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "device_type"),
-                                                       None)
-            if isinstance(kind, ast.Constant):
-                return ast.unparse(kind)
+    for node in _calls(source, "init_device_mesh"):
+        kind = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "device_type"), None)
+        if isinstance(kind, ast.Constant):
+            return ast.unparse(kind)
     return None
 
 
