@@ -232,3 +232,26 @@ def mock_open_failing():
         return real(path, *args, **kwargs)
 
     return mock.patch("builtins.open", fake)
+
+
+def test_peak_tensor_bytes_counts_live_tensors_alone_the_same_at_any_thread_count():
+    """The rise of the live tensors' bytes: a freed tensor's bytes while it lived, nothing of what stayed from before
+    the block, and the same figure at 1 and 2 threads (the export bound of module 05 relies on it)."""
+    from coursekit.memory import PeakTensorBytes
+
+    before = torch.ones(2**22)                      # 16 MiB allocated before the block: not counted
+    figures = []
+    for threads in (1, 2):
+        saved = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            with PeakTensorBytes() as peak:
+                x = torch.ones(2**24)               # 64 MiB, freed inside
+                del x
+                y = torch.randn(300, 300) @ torch.randn(300, 300)
+                del y
+        finally:
+            torch.set_num_threads(saved)
+        figures.append(peak.bytes)
+    assert figures[0] == figures[1] == 64 * 2**20
+    assert before.numel() == 2**22

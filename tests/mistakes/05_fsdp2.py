@@ -395,8 +395,16 @@ MORE_WRONG = [
             "    dcp.load(state, checkpoint_id=checkpoint.path)\n"
             "    set_state_dict(model, optimizer, model_state_dict=state['model'], optim_state_dict=state['optimizer'])\n"
             "    return state['epoch'] + 1\n"),
-        # (full_state_dict without cpu_offload, every rank keeping the whole model, is not graded: its memory bound,
-        # fsdp05.EXPORT_PEAK_GRADED, does not hold on every machine)
+        # full_state_dict without cpu_offload: every rank gathers the whole model and keeps it (on a GPU worker, in
+        # GPU memory), then rank 0 saves its copy: the file is right
+        "export_full_state_dict": (
+            "def export_full_state_dict(model, directory):\n"
+            "    from pathlib import Path\n"
+            "    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))\n"
+            "    state = {k: v.cpu() for k, v in state.items()}\n"
+            "    if ray.train.get_context().get_world_rank() == 0:\n"
+            "        torch.save(state, Path(directory) / 'model_full.pt')\n",
+            ["test_export_full_state_dict_weights"]),
         # the ViT built by hand and never seeded (build_vit_from would have seeded it): every value initialised and
         # within its distribution, but another model on every run
         "build_on_meta": (
