@@ -156,7 +156,7 @@ MORE_WRONG = [
             "    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))\n"
             "    if int(os.environ.get('LOCAL_RANK', 0)) == 0:\n"
             "        torch.save(state, os.path.join(directory, 'model_full.pt'))\n",
-            ["test_export_full_state_dict_weights"]),
+            ["test_export_full_state_dict"]),
     "build_on_meta": (
         "def build_on_meta(config, device, weights_file=None, **fsdp_kwargs):\n"
         "    with torch.device('meta'):\n"
@@ -404,7 +404,7 @@ MORE_WRONG = [
             "    state = {k: v.cpu() for k, v in state.items()}\n"
             "    if ray.train.get_context().get_world_rank() == 0:\n"
             "        torch.save(state, Path(directory) / 'model_full.pt')\n",
-            ["test_export_full_state_dict_weights"]),
+            ["test_export_full_state_dict"]),
         # the ViT built by hand and never seeded (build_vit_from would have seeded it): every value initialised and
         # within its distribution, but another model on every run
         "build_on_meta": (
