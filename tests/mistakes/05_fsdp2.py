@@ -156,7 +156,7 @@ MORE_WRONG = [
             "    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))\n"
             "    if int(os.environ.get('LOCAL_RANK', 0)) == 0:\n"
             "        torch.save(state, os.path.join(directory, 'model_full.pt'))\n",
-            ["test_export_full_state_dict"]),
+            ["test_export_full_state_dict_weights"]),
     "build_on_meta": (
         "def build_on_meta(config, device, weights_file=None, **fsdp_kwargs):\n"
         "    with torch.device('meta'):\n"
