@@ -178,11 +178,13 @@ KEYS: dict[str, dict[str, tuple[str, str, bool]]] = {
             'worker persists its shards, so the workers of the other node find no marker and the report raises '
             "'Unable to set up cluster storage': nothing lands silently on a node's disk. Use storage every node "
             'reaches (S3/GCS, NFS/EFS, /mnt/cluster_storage).'), False),
-        'test_concept_job_submission': ('a b c', (
-            "The workers are actors of the driver's job: when the driver dies, Ray ends them. The checkpoints are "
-            'in shared storage, so the same name and storage_path resume from the latest one (module 04), through '
-            'your get_checkpoint branch. A Ray job runs the driver on the cluster, detached from your session; '
-            'FailureConfig restarts worker groups, never the driver.'), True),
+        'test_concept_job_submission': ('a c', (
+            "ray job submit is a client: it uploads the working dir, asks the cluster to start the driver and then "
+            'tails its logs, and Ctrl-C only ends the tail (the CLI does not stop the job). The driver runs on the '
+            'head as a job the cluster supervises, and its output stays readable with ray job logs. The working '
+            'dir is uploaded once, as a package every process of the job (restarted workers included) unpacks: an '
+            'edit on your laptop reaches only a new job. FailureConfig restarts the worker group inside the same '
+            'fit(); the driver is not restarted.'), True),
     },
 }
 

@@ -165,7 +165,7 @@ WRONG = {"train_func": DDP_PORT, "concept_when_to_shard": 'CONCEPT_WHEN_TO_SHARD
 
 MORE_WRONG = [
     {"train_func": ROOT_ONLY, "concept_cluster_layout": 'CONCEPT_CLUSTER_LAYOUT = "a c d"'},
-    {"train_func": OPTIMIZER_FIRST, "concept_job_submission": 'CONCEPT_JOB_SUBMISSION = "a c"'},
+    {"train_func": OPTIMIZER_FIRST, "concept_job_submission": 'CONCEPT_JOB_SUBMISSION = "a b c"'},
     {"train_func": GLOBAL_BATCH, "concept_when_to_shard": 'CONCEPT_WHEN_TO_SHARD = "a"'},
     {"train_func": LOSS_NOT_AVERAGED},
     {"train_func": UNGUARDED_SET_EPOCH},
@@ -234,5 +234,5 @@ def train_func(config):
     "concept_when_to_shard": 'CONCEPT_WHEN_TO_SHARD = "C, A"',
     "concept_cluster_layout": 'CONCEPT_CLUSTER_LAYOUT = "c,a"',
     "concept_shared_storage": 'CONCEPT_SHARED_STORAGE = "A"',
-    "concept_job_submission": 'CONCEPT_JOB_SUBMISSION = "c b a"',
+    "concept_job_submission": 'CONCEPT_JOB_SUBMISSION = "C,a"',
 }
