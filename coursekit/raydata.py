@@ -35,12 +35,6 @@ class DataPlan:
     map_concurrency: int          # most map_batches tasks running at once
     object_store_bytes: int | None  # Ray Data's object-store budget (None: Ray Data's default)
 
-    def data_config(self):
-        """A ``ray.train.DataConfig`` that gives the trainer's data ingest this plan's limits."""
-        from ray.train import DataConfig
-
-        return DataConfig(execution_options=_execution_options(self))
-
     def describe(self) -> str:
         train = self.num_workers * self.cpus_per_worker
         store = "default" if self.object_store_bytes is None else f"{self.object_store_bytes / 2**20:.0f} MiB"
@@ -51,11 +45,10 @@ class DataPlan:
                 f"tasks x {self.map_num_cpus:g} CPU at once; object-store budget {store}")
 
 
-def _execution_options(plan: DataPlan):
-    from ray.data import ExecutionOptions, ExecutionResources
+def _resource_limits(plan: DataPlan):
+    from ray.data import ExecutionResources
 
-    return ExecutionOptions(resource_limits=ExecutionResources.for_limits(
-        cpu=plan.data_cpus, object_store_memory=plan.object_store_bytes))
+    return ExecutionResources.for_limits(cpu=plan.data_cpus, object_store_memory=plan.object_store_bytes)
 
 
 def plan_resources(num_workers: int, cpus_per_worker: float, use_gpu: bool = False,
@@ -65,7 +58,8 @@ def plan_resources(num_workers: int, cpus_per_worker: float, use_gpu: bool = Fal
 
     Ray Train reserves ``num_workers x cpus_per_worker`` CPUs for the whole run; Ray Data's
     preprocessing tasks can only use what is left. If that is less than one task's
-    ``map_num_cpus`` the job would start and then wait forever for data."""
+    ``map_num_cpus`` the job would start and its workers would wait for data that no preprocessing task
+    can make."""
     res = resources if resources is not None else cluster_resources()
     cpus = float(res.get("CPU", 0))
     check_scaling(num_workers, use_gpu, cpus_per_worker, resources=res)  # the training workers alone
@@ -78,8 +72,8 @@ def plan_resources(num_workers: int, cpus_per_worker: float, use_gpu: bool = Fal
         raise ScalingError(
             f"{num_workers} training workers x {cpus_per_worker:g} CPU = {train:g} of this cluster's {cpus:g} "
             f"CPUs, which leaves {max(left, 0):g} for Ray Data's preprocessing; one map_batches task needs "
-            f"{map_num_cpus:g}. The trainer would start and then wait forever for data. Give each training "
-            f"worker at most {hint:g} CPU (e.g. resources_per_worker={{'CPU': {hint:g}}}), use fewer workers, "
+            f"{map_num_cpus:g}. The trainer would start, and its workers would wait for data that no task can "
+            f"make. Give each training worker at most {hint:g} CPU (e.g. resources_per_worker={{'CPU': {hint:g}}}), use fewer workers, "
             "or add CPUs." if hint > 0 else
             f"{num_workers} training workers x {cpus_per_worker:g} CPU leave no CPU for Ray Data on a "
             f"{cpus:g}-CPU cluster. Use fewer workers or add CPUs.")
@@ -110,11 +104,11 @@ def configure_ray_data(plan: DataPlan, block_bytes: int = 4 * 2**20):
 
     Sets the CPU (and object-store) limit of Ray Data's streaming executor, a block size
     that suits a small object store, and turns the progress bars off (noise in a notebook).
-    Pass ``plan.data_config()`` as the trainer's ``dataset_config=`` to apply the same limits there."""
+    A trainer that states its own ``DataConfig(execution_options=...)`` uses those limits instead."""
     from ray.data import DataContext
 
     ctx = DataContext.get_current()
-    ctx.execution_options.resource_limits = _execution_options(plan).resource_limits
+    ctx.execution_options.resource_limits = _resource_limits(plan)
     # Ray 2.60's new Parquet reader (DataSourceV2) lists files and reads footers with pools of
     # actors (up to 32 footer readers) per read: on a small cluster every read_parquet then
     # starts several new worker processes, which on a few CPUs takes far longer than reading a small

@@ -114,16 +114,19 @@ def script():
 
 
 def test_released_script_leaves_the_exercises_to_the_student():
-    """course/ gets the script with the code of exercises 2-4 replaced by stubs (autograder/release.py)."""
+    """course/ gets the script with the code of exercises 3 and 4 replaced by stubs (autograder/release.py): the
+    whole training loop of train_func (issue 38: it was exercise 4's answer with only the shard lines stubbed) and
+    the trainer with its data config."""
     from autograder.release import strip_script
 
     solution = (SCRIPT_DIR / "train_ray_ddp_with_ray_data.py").read_text()
     released = strip_script(solution)
     assert (REPO / "course" / "03_ray_data" / "train_ray_ddp_with_ray_data.py").read_text() == released, \
         "course/ is stale: python -m autograder.release --module 03_ray_data"
-    assert solution.count("### BEGIN SOLUTION") == released.count("raise NotImplementedError()") == 4
+    assert solution.count("### BEGIN SOLUTION") == released.count("raise NotImplementedError()") == 2
     for answer in ('shard = ray.train.get_dataset_shard("train")', "iter_torch_batches(batch_size=per_worker_batch)",
-                   "map_batches(preprocess_synthetic", 'datasets={"train": train_ds}', "dataset_config=data_plan"):
+                   "optimizer.step()", "dist.all_reduce(total)", 'datasets={"train": train_ds}',
+                   "ExecutionResources(cpu=data_plan.data_cpus)"):
         assert answer in solution and answer not in released, answer
     compile(released, "train_ray_ddp_with_ray_data.py", "exec")
 

@@ -101,8 +101,6 @@ def test_configure_ray_data_sets_the_limits():
         assert ctx.execution_options.resource_limits.object_store_memory == 64 * 2**20
         assert ctx.enable_progress_bars is False
         assert ctx.use_datasource_v2 is False, "a 2-CPU cluster reads Parquet with tasks, not actor pools"
-        cfg = plan.data_config()
-        assert cfg._get_user_execution_options("train").resource_limits.cpu == 1
     finally:
         (ctx.execution_options.resource_limits, ctx.target_max_block_size, ctx.enable_progress_bars,
          ctx.use_datasource_v2) = saved

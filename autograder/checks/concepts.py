@@ -47,25 +47,28 @@ KEYS: dict[str, dict[str, tuple[str, str, bool]]] = {
             "never joins again, so the others block until the process group's timeout. Stop on a decision the "
             'workers share (all-reduce the validation loss, or a stop flag), so that they all leave the loop '
             'together.'), False),
-        'test_concept_metrics_rows': ('d', (
-            "In Train V2 only reports with a checkpoint are kept (4 here, with rank 0's metrics); num_to_keep=2 "
-            'keeps the two lowest val_loss (epochs 9 and 14) and Ray Train never deletes the latest checkpoint '
-            '(epoch 19): 3 rows. result.checkpoint is that latest one, not the best: the best is in '
-            'result.best_checkpoints.'), False),
-        'test_concept_shared_storage': ('c', (
+        'test_concept_metrics_rows': ('c', (
+            "In Train V2 only reports with a checkpoint are kept (4 here, with rank 0's metrics), and "
+            'result.metrics_dataframe is built from CheckpointManager.best_checkpoint_results (the controller\'s '
+            '_build_result): the num_to_keep best, epochs 9 and 14. The latest checkpoint (epoch 19) stays in '
+            'storage and is result.checkpoint, but it has no row: 2 rows.'), False),
+        'test_concept_shared_storage': ('b', (
             "Ray Train 2.60 writes a marker file into the run's folder when the run starts, from the driver's "
-            'node (where its controller runs), and a worker looks for it before it persists a checkpoint '
-            "(StorageContext._check_validation_file). Rank 0's GPU node has its own /home/ray/results without the "
-            "marker, so its first report with a checkpoint raises 'Unable to set up cluster storage' and the run "
-            'fails: nothing lands silently on a GPU node. Use storage every node reaches: NFS, S3, GCS.'), False),
+            'node (where its controller runs), and a worker looks for it only when it persists a checkpoint '
+            "(StorageContext.persist_current_checkpoint -> _check_validation_file). Reports without a checkpoint "
+            "touch no storage, so all 20 epochs train; rank 0's GPU node has its own /home/ray/results without the "
+            "marker, so the last report raises 'Unable to set up cluster storage' and the run fails with the "
+            'trained model unsaved. Use storage every node reaches: NFS, S3, GCS.'), False),
     },
     '03_ray_data': {
         'test_concept_cpu_split': ('c', (
-            "Ray Train reserves its workers' resources (here 8 x 2 CPUs = all 16, and the 8 GPUs) for the whole "
-            'run, and a Ray Data task is only scheduled where its num_cpus are free: the map_batches tasks never '
-            'start, and the workers wait for their first batch forever. Ray Train does not know what the Dataset '
-            "needs, so it starts; Ray Data never borrows a worker's reserved CPUs or runs on its GPU. Leave CPUs "
-            'to Ray Data (1 CPU per GPU worker here) and cap Ray Data to them.'), False),
+            'Reserved CPUs are never lent: the placement group (as Ray Train reserves its workers, for the whole '
+            "run) holds every CPU, so the map_batches tasks are submitted and never scheduled, and no block moves. "
+            "Ray Data's NoProgressGuard counts the time since a block last entered or left an operator's queues (a "
+            'task waiting for resources is no progress) and raises ExecutionTimeoutError after '
+            'execution_no_progress_timeout_s: 10 s in the cell, 1,800 s by default, when a TorchTrainer run fails '
+            "through its workers' shards. Ray Data does not check for free CPUs before it starts. Leave CPUs to "
+            'Ray Data and cap Ray Data to them.'), False),
         'test_concept_uneven_rows': ('b', (
             'equal=True gives every worker the same number of rows by leaving up to N - 1 rows out of each epoch: '
             '1003 // 4 = 250 each, 3 left out. So every worker runs the same number of steps and reaches the same '
@@ -97,10 +100,11 @@ KEYS: dict[str, dict[str, tuple[str, str, bool]]] = {
             'Ray Train restarts the worker group as a whole, and counts one failure per restart however many of '
             'its workers failed; the count is per run and never resets (preemptions have their own budget).'), False),
         'test_concept_driver_restart': ('b', (
-            'A run is identified by storage_path/name, whose snapshot lists its registered checkpoints: a new '
-            'name is a new run, with no checkpoint, whatever the bucket holds. FailureConfig covers the workers, '
-            'not the driver. A fixed name (and rerunning it) resumes the run; Train V2 refuses '
-            'resume_from_checkpoint.'), False),
+            'A run is identified by storage_path/name, and its snapshot lists the checkpoints it registered, with '
+            "their metrics: the rerun restores it, so its Result lists the dead driver's registered checkpoints "
+            'beside its own, every epoch once (with num_to_keep=None). It trains only the epochs after the latest '
+            'registered one, so no epoch appears twice; a Result keeps one row per checkpoint it lists, not one '
+            'in all. A new name would have been a new run, from epoch 0.'), False),
         'test_concept_asha': ('b, c', (
             'ASHA decides each trial when it reaches a rung, against what the trials before it reported there '
             '(the first always continues): arriving from worst to best every trial continues, from best to worst '
@@ -111,26 +115,27 @@ KEYS: dict[str, dict[str, tuple[str, str, bool]]] = {
             "the root unit's parameters are still Shard(0) DTensors, their gradients are reduce-scattered into "
             "shards and AdamW's moments follow the shards; but one unit is gathered whole for forward and "
             'backward, so the peak holds the full model, as under DDP (the measurement below shows it).'), False),
-        'test_concept_reshard': ('a', (
-            'with True every unit is gathered before its forward, freed, and gathered again before its backward: '
-            '2 x 3 units = 6; with False each unit keeps its gathered weights from forward to backward: 3, at the '
-            'cost of holding them all in between. 5 is the default (left unset), where FSDP2 keeps only the root '
-            'gathered; a value you pass applies to the root too.'), False),
+        'test_concept_reshard': ('b', (
+            'Left unset, every block is resharded after its forward and gathered again before its backward (2 x 4 '
+            '= 8), while FSDP2 keeps the root gathered from its forward to its backward (1): 9. With False every '
+            'unit keeps its gathered weights from forward to backward: 5, at the cost of holding them all in '
+            'between. 10 is True passed to every call, the root included.'), False),
         'test_concept_memory': ('b', (
-            'FSDP2 shards the model state, about 16 bytes per parameter with AdamW, so it shrinks as 1/N; the '
-            "activations belong to each rank's own micro-batch and are not sharded, and the gathered weights are "
-            'transient, one unit at a time. DDP keeps a full copy per rank whatever N is.'), False),
+            'FSDP2 shards the model state, 48 GB / N, so it shrinks as 1/N: 24 GB on 2 GPUs, 6 GB on 8; the '
+            "activations belong to each rank's own micro-batch and are not sharded (40 GB on every rank), and the "
+            'gathered weights are transient, one unit at a time. DDP keeps the whole 48 GB on every rank, so 48 + '
+            '40 = 88 GB does not fit 80 GB on any number of GPUs.'), False),
         'test_concept_dcp': ('b', (
             'full_state_dict=True all-gathers every tensor on every rank before the save, so each rank held the '
             'whole model and optimizer (the peak FSDP2 exists to avoid); DCP then keeps one of the identical '
             "copies, so each tensor is written once, whole, by one rank, and the files' sizes look balanced: only "
             "the metadata's chunks show that nothing was sharded. (All in rank 0's file is what cpu_offload=True "
             'gives.)'), False),
-        'test_concept_meta_peak': ('b', (
-            'Eager construction materialises the whole model on every rank (plus the shards fully_shard copies '
-            'out of it) before anything is freed. Built on the meta device, a rank only ever allocates its '
-            'shards, about F/2 on 2 ranks. broadcast_from_rank0 needs the full state dict on rank 0 alone: rank 0 '
-            "holds the file's weights and its shards, every other rank only its shards and one tensor in flight."), False),
+        'test_concept_meta_peak': ('a', (
+            'Once built, the three models are the same sharded model: the first step adds the same on every rank, '
+            "the gradients of the rank's shards (F/2 on 2 ranks), AdamW's two moments, created lazily at the "
+            'first step() (F), the activations and one gathered unit. Only the construction differs: eager above '
+            'F on every rank, meta + init F/2, meta + load F/2 but rank 0 also holding the file.'), False),
     },
     '06_deepspeed': {
         'test_concept_zero2_full': ('c', (

@@ -12,13 +12,11 @@ holds the whole data set, so it may be many times larger than the object store.
 Compare it with ../02_ray_train/train_ray_ddp.py: the DataLoader and
 DistributedSampler are gone, ``datasets=`` and ``get_dataset_shard`` replace them.
 
-Finishing this script is part of module 03: the four places marked ``# YOUR CODE HERE`` (they
-raise NotImplementedError until you fill them in) are the code of the notebook's exercises 2-4
-for this data: the ``map_batches`` step with its resources (here the function is
-``preprocess_synthetic``, the tasks reserve ``data_plan.map_num_cpus`` CPU each, at most
-``data_plan.map_concurrency`` at once), the trainer's ``datasets=`` and data config
-(``data_plan.data_config()`` holds Ray Data's limits), and in ``train_func`` the worker's shard
-and, every epoch, its batches.
+Finishing this script is part of module 03: the two places marked ``# YOUR CODE HERE`` (they
+raise NotImplementedError until you fill them in) are the notebook's exercises 3 and 4 for this
+data: the body of ``train_func`` (its docstring says what it does) and the trainer, fed
+``train_ds`` under the name "train", with Ray Data's tasks capped at ``data_plan.data_cpus`` CPUs
+through the trainer's own data config.
 """
 from __future__ import annotations
 
@@ -36,7 +34,8 @@ import torch.distributed as dist
 import ray.data
 import ray.train
 import ray.train.torch
-from ray.train import Checkpoint, RunConfig
+from ray.data import ExecutionOptions, ExecutionResources
+from ray.train import Checkpoint, DataConfig, RunConfig
 from ray.train.torch import TorchTrainer
 
 from coursekit import detect
@@ -52,55 +51,43 @@ from coursekit.synthetic import preprocess_synthetic, synthetic_dataset, synthet
 
 
 def train_func(config: dict) -> None:
-    """The training loop each Ray Train worker runs: its shard of the stream, its share of the batch."""
-    ctx = ray.train.get_context()
-    world_size, rank = ctx.get_world_size(), ctx.get_world_rank()
-    torch.manual_seed(config.get("seed", 0))
-    model = ray.train.torch.prepare_model(build_model(config["model"]))
-    optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
-    criterion = torch.nn.CrossEntropyLoss()
-    # this worker's shard of the "train" dataset (name it `shard`), and the per-worker batch size
+    """The training loop each Ray Train worker runs: its shard of the stream, its share of the batch.
+
+    The notebook's exercise 4, for this data. Seed torch with ``config.get("seed", 0)``, prepare the model
+    ``build_model(config["model"])``, train it with Adam (``lr=config["lr"]``) and cross-entropy. Every epoch,
+    train on every batch of this worker's shard of "train" at the per-worker batch size, keep each batch's
+    "id" column (as a NumPy array) in a list, and sum the loss per example and the rows over all workers in a
+    tensor on the worker's device; then hand it all to ``end_epoch``.
+    """
     # YOUR CODE HERE (the notebook's exercise: finish it there, then copy it here)
     raise NotImplementedError()
 
-    epochs = config["epochs"]
-    for epoch in range(epochs):
-        model.train()
-        total = torch.zeros(2, device=ray.train.torch.get_device())  # NCCL reduces GPU tensors only
-        ids = []
-        start = time.perf_counter()
-        # this epoch's batches of the shard, as torch tensors (name them `batches`)
-        # YOUR CODE HERE (the notebook's exercise: finish it there, then copy it here)
-        raise NotImplementedError()
-        for batch in batches:
-            loss = criterion(model(batch["image"]), batch["label"])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            total += torch.tensor([loss.item() * len(batch["label"]), len(batch["label"])], device=total.device)
-            ids.append(batch["id"].cpu().numpy())
-        seconds = time.perf_counter() - start
-        ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
-        rows_by_rank = [len(ids)]
-        all_ids = [ids]
-        if dist.is_initialized():  # Ray Train made a process group: sum over all workers
-            dist.all_reduce(total)
-            all_ids = [None] * world_size
-            dist.all_gather_object(all_ids, ids)
-            rows_by_rank = [len(x) for x in all_ids]
-        metrics = {"epoch": epoch, "loss": (total[0] / total[1]).item(), "rows_by_rank": rows_by_rank,
-                   "rows_per_s": sum(rows_by_rank) / max(seconds, 1e-9)}
+
+def end_epoch(model: torch.nn.Module, epoch: int, total: torch.Tensor, ids: list, seconds: float) -> None:
+    """After an epoch, on every worker: ``total`` holds (sum of loss x rows, rows) over all workers, ``ids`` the
+    row ids of this worker's batches. Gathers which rows each worker trained on, prints the epoch (rank 0) and
+    reports it; rank 0 attaches a checkpoint with the model and the rows seen (for the exactly-once check)."""
+    ctx = ray.train.get_context()
+    world_size, rank = ctx.get_world_size(), ctx.get_world_rank()
+    ids = np.concatenate(ids) if len(ids) else np.zeros(0, dtype=np.int64)
+    all_ids = [ids]
+    if dist.is_available() and dist.is_initialized():
+        all_ids = [None] * world_size
+        dist.all_gather_object(all_ids, ids)
+    rows_by_rank = [len(x) for x in all_ids]
+    metrics = {"epoch": epoch, "loss": (total[0] / total[1]).item(), "rows_by_rank": rows_by_rank,
+               "rows_per_s": sum(rows_by_rank) / max(seconds, 1e-9)}
+    if rank == 0:
+        print(f"epoch {epoch}: loss {metrics['loss']:.3f}, rows per worker {rows_by_rank}, "
+              f"{metrics['rows_per_s']:.0f} rows/s")
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = None
         if rank == 0:
-            print(f"epoch {epoch}: loss {metrics['loss']:.3f}, rows per worker {rows_by_rank}, "
-                  f"{metrics['rows_per_s']:.0f} rows/s")
-        with tempfile.TemporaryDirectory() as tmp:
-            checkpoint = None
-            if rank == 0:
-                torch.save(getattr(model, "module", model).state_dict(), os.path.join(tmp, "model.pt"))
-                # which rows each worker trained on this epoch (for the exactly-once check)
-                np.savez_compressed(os.path.join(tmp, "rows_seen.npz"), *all_ids)
-                checkpoint = Checkpoint.from_directory(tmp)
-            ray.train.report(metrics, checkpoint=checkpoint)
+            torch.save(getattr(model, "module", model).state_dict(), os.path.join(tmp, "model.pt"))
+            # which rows each worker trained on this epoch (for the exactly-once check)
+            np.savez_compressed(os.path.join(tmp, "rows_seen.npz"), *all_ids)
+            checkpoint = Checkpoint.from_directory(tmp)
+        ray.train.report(metrics, checkpoint=checkpoint)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,17 +145,17 @@ def main(argv: list[str] | None = None) -> int:
     # object store: the data streamed through the store is --data-size-gb.
     raw_ds = synthetic_dataset(size_bytes=size_gb * 1e9, num_cpus=data_plan.map_num_cpus / 2,
                                concurrency=data_plan.map_concurrency)
-    # the preprocessing step (name the result `train_ds`): preprocess_synthetic on Ray Data's CPU tasks,
-    # resources from data_plan
-    # YOUR CODE HERE (the notebook's exercise: finish it there, then copy it here)
-    raise NotImplementedError()
+    # the preprocessing step: preprocess_synthetic on Ray Data's CPU tasks, with the plan's resources
+    tasks = ray.data.TaskPoolStrategy(size=data_plan.map_concurrency)
+    train_ds = raw_ds.map_batches(preprocess_synthetic, batch_format="numpy", num_cpus=data_plan.map_num_cpus,
+                                  compute=tasks)
     num_rows = synthetic_rows(size_gb * 1e9)  # known without running the pipeline (count() would run it)
     print(f"data: {num_rows} synthetic rows = {size_gb:g} GB raw, streamed")
     config = {"epochs": epochs, "global_batch_size": global_batch, "lr": args.lr, "model": "small_cnn"}
     name = args.name or f"train-ray-data-{time.strftime('%Y%m%d-%H%M%S')}"
     run_config = RunConfig(storage_path=storage_path(rt), name=name)
-    # the trainer (name it `trainer`): train_func with config, scaling_config and run_config, fed train_ds
-    # under Ray Data's limits
+    # the trainer (name it `trainer`): train_func with config, scaling_config and run_config, fed train_ds as
+    # "train", Ray Data's tasks capped at data_plan.data_cpus CPUs through its own data config (exercise 3)
     # YOUR CODE HERE (the notebook's exercise: finish it there, then copy it here)
     raise NotImplementedError()
     start = time.perf_counter()

@@ -150,7 +150,8 @@ MORE_WRONG = [
             "def make_trainer(train_func, train_ds, train_loop_config, scaling_config, run_config, data_cpus):\n"
             "    return TorchTrainer(train_func, train_loop_config=train_loop_config, scaling_config=scaling_config,\n"
             "                        run_config=run_config, datasets={'train': train_ds},\n"
-            "                        dataset_config=plan.data_config())\n"),
+            "                        dataset_config=DataConfig(execution_options=ExecutionOptions(\n"
+            "                            resource_limits=ExecutionResources(cpu=plan.data_cpus))))\n"),
         # the loss of this worker only (no all_reduce): each rank reports a different number
         # (the data and the model are right, and one worker has nothing to sum: it keeps those cells)
         "train_func": (_train(
