@@ -32,12 +32,13 @@ RELEASED_DIR = REPO / "course" / MODULE
 
 
 def notebook_answers(tmp_path: Path) -> Path:
-    """What the notebook writes for --answers: its two checkpoint exercise cells (here the reference's)."""
+    """What the notebook writes for --answers: its checkpoint and run-configuration exercise cells (here the
+    reference's)."""
     from autograder.samples import solution_answers
 
     answers = solution_answers(MODULE)
     path = tmp_path / "my_answers.py"
-    path.write_text("\n\n".join(answers[g] for g in ("training_state", "resume")) + "\n")
+    path.write_text("\n\n".join(answers[g] for g in ("training_state", "resume", "make_run_config")) + "\n")
     return path
 
 

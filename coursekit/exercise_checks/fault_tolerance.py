@@ -75,6 +75,25 @@ def check_refuses_code(tampered: list) -> None:
             "and refuses the call")
 
 
+RESTART_TOL = 1e-5   # the grader's bound (autograder/checks/ft04.py: WEIGHTS_TOL)
+
+
+def check_restart(run: dict, uninterrupted: dict) -> float:
+    """``run``: a group of 4 ranks restarted from the checkpoint of epoch 0, described (``{"epochs": the epochs rank 0
+    trained, "weights": its last checkpoint's model, "error"}``); ``uninterrupted``: the model of the same 3 epochs
+    trained without a restart. Returns the largest weight difference."""
+    assert not run.get("error"), f"the restart from your checkpoint of epoch 0 failed: {run['error']}"
+    assert run.get("epochs") == [1, 2], (
+        f"restarted from the checkpoint of epoch 0, the group trains epochs 1 and 2 (it trained {run.get('epochs')})")
+    weights = run.get("weights") or {}
+    assert set(weights) == set(uninterrupted), "the restarted group's model has other weights than the uninterrupted run's"
+    difference = max((weights[k].float() - uninterrupted[k].float()).abs().max().item() for k in uninterrupted)
+    assert difference < RESTART_TOL, (
+        f"after a restart from your checkpoint the weights differ from the uninterrupted run's by {difference:.1e}: "
+        "save and restore the optimizer, and on every rank its own RNG state (saved under its global rank)")
+    return difference
+
+
 # ---------------------------------------------------------------- resume
 
 def check_fresh_start(first) -> None:

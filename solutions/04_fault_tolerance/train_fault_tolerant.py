@@ -15,9 +15,9 @@ says how many worker-group failures one run survives. On a cluster (Anyscale, or
 RAY_ADDRESS set) the script joins it and writes to the shared storage that coursekit
 detects.
 
-The checkpoint functions are module 04's exercises: in the student's copy they are stubs,
-and the notebook runs this script with ``--answers``, a file it writes from the student's
-exercise cells.
+The checkpoint functions and the run configuration are module 04's exercises 1 to 3: in the
+student's copy they are stubs, and the notebook runs this script with ``--answers``, a file it
+writes from the student's exercise cells.
 """
 from __future__ import annotations
 
@@ -56,8 +56,9 @@ def rng_file(rank: int) -> str:  # every rank: its own random-number generator s
     return f"rng_rank_{rank}.pt"
 
 
-# The three checkpoint functions are module 04's Exercises 1 and 2. The notebook passes your answers
-# with --answers (a file it writes from your exercise cells); without it, finish them here.
+# The three checkpoint functions are module 04's Exercises 1 and 2 (make_run_config below is Exercise 3). The
+# notebook passes your answers with --answers (a file it writes from your exercise cells); without it, finish them
+# here.
 def save_training_state(directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                         epoch: int) -> None:
     """Called by every rank: rank 0 writes STATE_FILE (unwrapped model, optimizer, finished epoch),
@@ -96,11 +97,24 @@ def resume(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
     ### END SOLUTION
 
 
-CHECKPOINT_FUNCTIONS = ("save_training_state", "load_training_state", "resume")
+def make_run_config(name: str, storage_path: str, max_retries: int | None, keep: int | None, metric: str | None,
+                    mode: str) -> RunConfig:
+    """Exercise 3: results under storage_path/name; up to ``max_retries`` worker-group failures survived (None: any
+    number); ``keep`` checkpoints kept (None: all), the most recent ones, or with ``metric`` the best by it
+    (``mode``: "min" or "max")."""
+    ### BEGIN SOLUTION
+    retries = -1 if max_retries is None else max_retries
+    return RunConfig(name=name, storage_path=storage_path, failure_config=FailureConfig(max_failures=retries),
+                     checkpoint_config=CheckpointConfig(num_to_keep=keep, checkpoint_score_attribute=metric,
+                                                        checkpoint_score_order=mode))
+    ### END SOLUTION
+
+
+CHECKPOINT_FUNCTIONS = ("save_training_state", "load_training_state", "resume", "make_run_config")
 
 
 def use_answers(path: str) -> None:
-    """Replace the checkpoint functions above by the ones in ``path`` (the notebook writes your
+    """Replace the exercise functions above by the ones in ``path`` (the notebook writes your
     exercise cells there). They become this script's own, so Ray ships them to the workers with
     train_func."""
     exec(compile(Path(path).read_text(encoding="utf-8"), str(path), "exec"), globals())
@@ -264,9 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_driver_after(run_dir, args.stop_driver_after_epoch)
     trainer = TorchTrainer(
         train_func, train_loop_config=config, scaling_config=scaling_config,
-        run_config=RunConfig(name=name, storage_path=root,
-                             failure_config=FailureConfig(max_failures=args.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=None)))
+        run_config=make_run_config(name, root, max_retries=args.max_failures, keep=None, metric=None, mode="max"))
     start = time.perf_counter()
     # trainer.fit(), or local mode where a Ray worker group does not fit (FailureConfig restarts the ranks there too)
     result = fit_trainer(trainer, rt)
