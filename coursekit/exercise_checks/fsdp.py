@@ -372,6 +372,6 @@ def check_export_weights(described: dict, reference: dict) -> None:
     kinds = sorted(set(described["kinds"].values()))
     assert kinds == ["Tensor torch.float32 cpu"], (
         f"save plain fp32 CPU tensors (the sharded fp32 master weights gathered into CPU memory), not {kinds}")
-    state = tensors(described["state"])
+    state = tensors(described.get("state") or {})
     assert set(state) == set(reference) and max_difference(state, reference) == 0, \
         "the file must hold the sharded model's full weights: every key, every shard gathered"
