@@ -121,3 +121,34 @@ def test_the_known_step_reference_is_checked():
     ds06._check_known_step("rank 0", reference, 2)
     with pytest.raises(AssertionError, match="known engine"):
         ds06._check_known_step("rank 0", {k: v + 1e-2 for k, v in reference.items()}, 2)
+
+
+def test_the_visible_checks_of_training_loss_and_restore_say_what_was_expected():
+    import torch
+
+    ds.check_trained_like_ddp("rank 0", 1e-3)
+    with pytest.raises(AssertionError, match="differ from DDP's"):
+        ds.check_trained_like_ddp("rank 0", 0.5)
+    ds.check_mean_loss("rank 0", 2.0, 2.0, 2.1)
+    ds.check_mean_loss("rank 0", 2.1, 2.0, 2.1)                       # the mean over all ranks is accepted too
+    with pytest.raises(AssertionError, match="mean of this rank's micro-batch losses"):
+        ds.check_mean_loss("rank 0", 1.0, 2.0, 2.1)                   # after engine.backward scaled it by 1/2
+    with pytest.raises(AssertionError, match="on a GPU worker this would fail"):
+        ds.check_mean_loss("rank 0", 2.0, 2.0, 2.0, ["line 3 mixes a tensor"])
+    with pytest.raises(AssertionError, match="mean of this rank's"):   # a bf16 loss: off in the third digit
+        ds.check_mean_loss("bf16", 2.005, 2.0, 2.0, tolerance=ds.BF16_LOSS)
+    moments = {"0.exp_avg": torch.ones(3)}
+    ds.check_restored_moments("rank 0", {"0.exp_avg": torch.ones(3)}, moments)
+    with pytest.raises(AssertionError, match="Adam's moments must come back"):
+        ds.check_restored_moments("rank 0", {"0.exp_avg": torch.zeros(3)}, moments)
+    ds.check_continues("rank 0", 1.5, 1.5, {"w": torch.ones(2)}, {"w": torch.ones(2)})
+    with pytest.raises(AssertionError, match="continue exactly"):
+        ds.check_continues("rank 0", 1.5, 1.6, {"w": torch.ones(2)}, {"w": torch.ones(2)})
+    ds.check_client_epoch("rank 0", {"epoch": 4}, 4)
+    with pytest.raises(AssertionError, match="epoch saved"):
+        ds.check_client_epoch("rank 0", {"epoch": None}, 4)
+
+
+def test_the_visible_cases_are_the_graders():
+    assert ds.BF16_CASE == ds06.BF16 and ds.RESUME_SEED == ds06.RESUME_SEED
+    assert ds.TRAINING_BOUND == ds06.TRAINING_BOUND and ds.BF16_LOSS == ds06.BF16_LOSS

@@ -248,7 +248,7 @@ def save_and_report_epoch(data):
                     field="client_states")
     for rank, client_state in enumerate(states):
         assert isinstance(client_state, dict) and client_state.get("epoch") == ds.REPORT_METRICS["epoch"], (
-            f"rank {rank}: save the epoch in client_state={{'epoch': metrics['epoch']}}; load_checkpoint gave back "
+            f"rank {rank}: save the epoch in client_state={{'epoch': metrics['epoch']}}; the checkpoint holds "
             f"{client_state}")
     return "the epoch saved in the client state comes back on every rank"
 

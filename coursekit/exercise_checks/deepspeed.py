@@ -135,3 +135,50 @@ def check_restored_weights(where: str, restored: dict, saved: dict) -> None:
     """The weights restore_checkpoint loaded are those saved, bit for bit."""
     assert set(restored) == set(saved) and max_difference(saved, restored) == 0, (
         f"{where}: the model's weights must be restored")
+
+
+TRAINING_BOUND = 0.02        # build_engine trained 3 AdamW steps: within this of DDP's run (Adam's steps amplify rounding)
+BF16_CASE = dict(stage=1, micro=6, accumulation=2, lr=1e-2, micro_batches=4)   # the bf16 engine of Exercise 2's check
+BF16_LOSS = 1e-4             # bf16 engine: the mean loss, against the fp32 (here fp64) loss of its own bf16 logits
+RESUME_SEED = 7              # Exercise 3's check: the other weights the 4 resuming ranks start from
+
+
+def check_trained_like_ddp(where: str, difference: float, bound: float = TRAINING_BOUND) -> None:
+    """Your engine, trained 3 optimizer steps, ends where DDP ends (AdamW at lr, clipping 1.0, accumulation)."""
+    assert difference < bound, (
+        f"{where}: after 3 optimizer steps your engine's weights differ from DDP's by {difference:.1%} of the distance "
+        "they moved; expected the same run: AdamW at lr, DeepSpeed's default gradient clipping (1.0), the "
+        "micro-batches of a step accumulated")
+
+
+def check_mean_loss(where: str, mean_loss, mine: float, everyone: float, problems=(),
+                    tolerance: float = LOSS_TOLERANCE) -> None:
+    """train_micro_batches returns the mean of this rank's micro-batch losses (or of all ranks'), before
+    engine.backward scales anything, and keeps it where a GPU worker can add it up (``problems``: what the device
+    tracker saw)."""
+    assert not problems, (f"{where}: on a GPU worker this would fail: {list(problems)[:2]}. Keep the running losses as "
+                          "Python floats (.item()) or on engine.device")
+    assert isinstance(mean_loss, (int, float)) and min(abs(mean_loss - mine), abs(mean_loss - everyone)) < tolerance, (
+        f"{where}: return the mean of this rank's micro-batch losses ({mine:.5f}; the mean over all ranks, "
+        f"{everyone:.5f}, is accepted too), not {mean_loss}; a loss computed in bf16, or taken after engine.backward "
+        "scaled it, is off")
+
+
+def check_restored_moments(where: str, restored: dict, saved: dict) -> None:
+    """Adam's moments (this rank's partition) loaded back equal those saved, bit for bit."""
+    assert len(restored) == len(saved) and set(restored) == set(saved) and max_difference(saved, restored) == 0, (
+        f"{where}: its partition of Adam's moments must come back from the checkpoint (load_checkpoint loads the "
+        "optimizer state unless told not to)")
+
+
+def check_continues(where: str, loss: float, fresh_loss: float, after: dict, fresh_after: dict) -> None:
+    """One more step from the restored engine equals one more step of the run that saved."""
+    assert loss == fresh_loss and max_difference(after, fresh_after) == 0, (
+        f"{where}: training must continue exactly where the saved run stopped (loss {fresh_loss} vs {loss})")
+
+
+def check_client_epoch(where: str, client_state, epoch: int) -> None:
+    """The client state that load_checkpoint returns carries the epoch saved with the checkpoint."""
+    got = client_state.get("epoch") if isinstance(client_state, dict) else client_state
+    assert got == epoch, (f"{where}: load_checkpoint must give back the epoch saved in the checkpoint's client state "
+                          f"({epoch}), not {got!r}")
