@@ -141,6 +141,19 @@ def check_scaling(num_workers: int, use_gpu: bool, cpus_per_worker: float = 1,
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK")
 
 
+def check_placement(num_workers: int, placement_strategy: str = "PACK") -> None:
+    """Raise :class:`ScalingError` if Ray does not know ``placement_strategy`` or this cluster cannot place
+    ``num_workers`` workers with it (STRICT_SPREAD: one node each)."""
+    if placement_strategy not in PLACEMENT_STRATEGIES:
+        raise ScalingError(f"placement_strategy={placement_strategy!r} is not one of "
+                           f"{', '.join(PLACEMENT_STRATEGIES)}.")
+    if placement_strategy == "STRICT_SPREAD" and num_workers > (nodes := cluster_nodes()):
+        raise ScalingError(
+            f"STRICT_SPREAD puts every worker on a different node: {num_workers} workers need "
+            f"{num_workers} nodes, but this cluster has {nodes}. Ray would wait for them forever. "
+            "Use SPREAD or PACK, or add nodes.")
+
+
 def make_scaling_config(num_workers: int, use_gpu: bool, cpus_per_worker: float = 1,
                         global_batch_size: int | None = None,
                         resources: dict[str, int] | None = None, placement_strategy: str = "PACK"):
@@ -152,14 +165,7 @@ def make_scaling_config(num_workers: int, use_gpu: bool, cpus_per_worker: float 
     from ray.train import ScalingConfig
 
     check_scaling(num_workers, use_gpu, cpus_per_worker, global_batch_size, resources)
-    if placement_strategy not in PLACEMENT_STRATEGIES:
-        raise ScalingError(f"placement_strategy={placement_strategy!r} is not one of "
-                           f"{', '.join(PLACEMENT_STRATEGIES)}.")
-    if placement_strategy == "STRICT_SPREAD" and num_workers > (nodes := cluster_nodes()):
-        raise ScalingError(
-            f"STRICT_SPREAD puts every worker on a different node: {num_workers} workers need "
-            f"{num_workers} nodes, but this cluster has {nodes}. Ray would wait for them forever. "
-            "Use SPREAD or PACK, or add nodes.")
+    check_placement(num_workers, placement_strategy)
     per_worker = {"CPU": cpus_per_worker}
     if use_gpu:
         per_worker["GPU"] = 1

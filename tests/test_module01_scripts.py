@@ -192,3 +192,18 @@ def test_torchrun_reports_a_non_divisible_global_batch(tmp_path):
     assert proc.returncode != 0
     assert "is not divisible by the world size 2" in proc.stdout + proc.stderr
     assert not (tmp_path / "ckpt").exists(), "nothing may be written when the arguments are wrong"
+
+
+def test_the_visible_checks_sampler_order_is_torchs_distributedsampler():
+    """coursekit.exercise_checks.ddp.sampler_order follows torch's rule without calling the sampler (the released
+    checks must not hold exercise 1's calls): it gives what DistributedSampler gives after set_epoch, padding
+    included, for sizes that do and do not divide evenly."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    from coursekit.exercise_checks.ddp import sampler_order
+
+    for n, world_size, epoch, seed in [(16, 2, 0, 0), (10, 4, 3, 7), (3, 4, 1, 5), (1, 3, 0, 2), (37, 8, 2, 0)]:
+        for rank in range(world_size):
+            sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+            sampler.set_epoch(epoch)
+            assert sampler_order(rank, world_size, n, epoch, seed) == list(sampler), (n, world_size, epoch, seed, rank)

@@ -127,3 +127,61 @@ def test_build_trainer_hands_a_storage_uri_on_as_it_is(script):
         trainer = script.build_trainer(lambda config: None, ScalingConfig(num_workers=2), uri, "run", {},
                                        num_to_keep=1, score_attribute="loss", score_order="min")
         assert (trainer.run_config.storage_path, trainer.run_config.name) == (uri, "run")
+
+
+_METRICS_ROWS_RUN = r'''
+import json, sys, tempfile
+import ray
+from ray.train import Checkpoint, CheckpointConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+VAL_LOSS = {4: 0.50, 9: 0.30, 14: 0.35, 19: 0.40}   # question 4's checkpoints
+
+
+def train_func(config):
+    import os
+    import ray.train
+
+    for epoch in range(20):
+        metrics = {"epoch": epoch, "val_loss": VAL_LOSS.get(epoch, 1.0)}
+        if epoch in VAL_LOSS:
+            with tempfile.TemporaryDirectory() as d:
+                open(os.path.join(d, "x"), "w").write(str(epoch))
+                ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
+        else:
+            ray.train.report(metrics)
+
+
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+result = TorchTrainer(train_func, scaling_config=ScalingConfig(num_workers=1),
+                      run_config=RunConfig(storage_path=sys.argv[1], name="rows",
+                                           checkpoint_config=CheckpointConfig(
+                                               num_to_keep=2, checkpoint_score_attribute="val_loss",
+                                               checkpoint_score_order="min"))).fit()
+print("ROWS", json.dumps(sorted(int(e) for e in result.metrics_dataframe["epoch"])))
+'''
+
+
+def test_question_4s_key_is_the_rows_a_real_ray_train_run_leaves_in_metrics_dataframe(tmp_path):
+    """02 question 4: a real TorchTrainer run with the question's checkpoints and CheckpointConfig; the key's option
+    must name exactly the epochs of ``result.metrics_dataframe``'s rows (Ray 2.60: the num_to_keep best only)."""
+    import re
+
+    import nbformat
+
+    from autograder.checks.concepts import KEYS
+
+    import os
+
+    from coursekit.raysetup import RAY_ENV   # the course's Ray settings: a 0.1 s health check ends fit() sooner
+
+    proc = subprocess.run([PY, "-c", _METRICS_ROWS_RUN, str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **RAY_ENV})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.split("ROWS", 1)[1].strip().splitlines()[0])
+    letter = KEYS["02_ray_train"]["test_concept_metrics_rows"][0]
+    nb = nbformat.read(SCRIPT_DIR / "02_ray_train.ipynb", as_version=4)
+    text = next(c.source for c in nb.cells if c.cell_type == "markdown" and "CONCEPT_METRICS_ROWS" in c.source)
+    option = re.search(rf"^- \*\*{letter}\*\* (.*)$", text, re.M).group(1)
+    named = sorted(int(n) for n in re.findall(r"\d+", option.split(":")[0]))
+    assert named == rows, f"the key's option {letter} ({option!r}) names epochs {named}; Ray Train's rows: {rows}"

@@ -6,7 +6,6 @@ import io
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data.distributed import DistributedSampler
 
 from coursekit.models import build_small_cnn
 
@@ -17,10 +16,16 @@ SAVE_WAIT_S = 2.5   # how long a rank that has returned waits for the others bef
 # runs[rank][case][epoch] = that rank's batches in that epoch, each a list of example indices
 
 def sampler_order(rank: int, world_size: int, n: int, epoch: int, seed: int) -> list[int]:
-    """The indices DistributedSampler(shuffle=True, seed=seed) gives global rank `rank` of `world_size` in `epoch`."""
-    sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
-    sampler.set_epoch(epoch)
-    return [int(i) for i in sampler]
+    """The indices DistributedSampler(shuffle=True, seed=seed) gives global rank `rank` of `world_size` in `epoch`,
+    by torch's own rule (torch/utils/data/distributed.py, ``__iter__`` with drop_last=False): a permutation drawn
+    from a generator seeded with seed + epoch, repeated from its start up to a multiple of world_size, then every
+    world_size-th index from `rank` on (tests/test_module01_scripts.py compares it with the sampler)."""
+    generator = torch.Generator()
+    generator.manual_seed(seed + epoch)
+    order = torch.randperm(n, generator=generator).tolist()
+    total = -(-n // world_size) * world_size
+    order = (order * -(-total // n))[:total]
+    return [int(i) for i in order[rank:total:world_size]]
 
 
 def check_shards(runs: list, world_size: int, cases: list) -> None:

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         train = load_digits(train=True, limit=args.train_samples, data_dir=args.data_dir, quiet=True)
     log0(rank, f"data: {train.source}, {len(train)} training images")
 
-    # 5. Model: the same init on every rank (DDP also broadcasts rank 0's weights at wrap time).
+    # 5. Model: a fixed seed, so that every run of the job starts from the same weights.
     torch.manual_seed(0)
     model = MODELS[args.model]().to(device)
     model = DDP(model, device_ids=[local_rank] if rt.use_gpu else None)

@@ -41,7 +41,8 @@ from coursekit.data import load_digits
 from coursekit.localmode import fit_trainer
 from coursekit.models import accuracy, build_model
 from coursekit.raysetup import init_ray, storage_path
-from coursekit.scaling import PLACEMENT_STRATEGIES, ScalingError, make_scaling_config, worker_resources
+from coursekit.scaling import (PLACEMENT_STRATEGIES, ScalingError, check_placement, check_scaling,
+                               worker_resources)
 
 
 def worker_node_ids() -> list[str]:
@@ -178,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     choice = dict(num_workers=args.num_workers, use_gpu=args.use_gpu, cpus_per_worker=args.cpus_per_worker)
 
     def check() -> None:  # raises ScalingError, with the reason, for a choice the cluster cannot run
-        make_scaling_config(args.num_workers, args.use_gpu, args.cpus_per_worker,
-                            global_batch_size=config["global_batch_size"], placement_strategy=args.placement_strategy)
+        check_scaling(args.num_workers, args.use_gpu, args.cpus_per_worker, config["global_batch_size"])
+        check_placement(args.num_workers, args.placement_strategy)
 
     try:
         if rt.ray_address is None:  # a local machine: refuse an impossible choice before starting Ray

@@ -123,11 +123,12 @@ WRONG = {
         state = torch.load(os.path.join(folder, "model.pt"), map_location="cpu", weights_only=True)
 ''', '''    state = torch.load(os.path.join(checkpoint.path, "model.pt"), map_location="cpu", weights_only=True)
 '''), ["test_load_model_for_inference"]),
-    # concept questions: one of the two things prepare_data_loader leaves to you; the latest checkpoint forgotten;
-    # the answer this notebook gave before Ray 2.60's storage check was read
+    # concept questions: one of the two things prepare_data_loader leaves to you; the latest checkpoint given a row
+    # (the key this notebook had before Result.metrics_dataframe was read in Ray 2.60); the storage check thought to
+    # happen at every report, or at none
     "concept_data_loader": 'CONCEPT_DATA_LOADER = "c"\n',
-    "concept_metrics_rows": 'CONCEPT_METRICS_ROWS = "c"\n',
-    "concept_shared_storage": 'CONCEPT_SHARED_STORAGE = "b"\n',
+    "concept_metrics_rows": 'CONCEPT_METRICS_ROWS = "d"\n',
+    "concept_shared_storage": 'CONCEPT_SHARED_STORAGE = "c"\n',
 }
 
 MORE_WRONG = [
@@ -326,6 +327,6 @@ def load_model(checkpoint, model_name="resnet18"):
     "concept_prepare_model": 'CONCEPT_PREPARE_MODEL = "B"  # no wrapper with one worker\n',
     "concept_data_loader": 'CONCEPT_DATA_LOADER = ["d", "c"]\n',
     "concept_report": "CONCEPT_REPORT = ' c '\n",
-    "concept_metrics_rows": "CONCEPT_METRICS_ROWS = 'D'\n",
-    "concept_shared_storage": 'CONCEPT_SHARED_STORAGE = "C"  # the marker file\n',
+    "concept_metrics_rows": "CONCEPT_METRICS_ROWS = 'C'\n",
+    "concept_shared_storage": 'CONCEPT_SHARED_STORAGE = "B"  # the marker file, at the checkpoint\n',
 }
