@@ -19,7 +19,7 @@ from coursekit.exercise_checks.fsdp import TINY, WORLD_SIZE, PER_NODE, build_vit
 # Tolerance. A sharded run and one process differ only by float32 rounding (the order of the sums). Measured
 # (2026-11-27, this 2-core x86-64 machine; the ranks' kernel run with MKL's default path and MKL_CBWR=COMPATIBLE,
 # OMP_NUM_THREADS 1 and 4; the grader's reference at torch threads 1, 2 and 4), the largest |difference| from one
-# process: the weights after 3 AdamW steps (the key bias left out, see _comparable) 1.2e-7..7.8e-7, the loss and
+# process: the weights after 3 AdamW steps (the key bias left out, see checks.comparable) 1.2e-7..7.8e-7, the loss and
 # gradients of one step (build_on_meta, shard_hybrid) 2.4e-7..4.9e-7, the checkpoint tests' state after one SGD step
 # 1.5e-8 (weights) and 1.2e-7..4.9e-7 (momentum). Today's bound of 1e-5 is kept: 12x above the largest, and the
 # nearest mistakes are far above it (an optimizer that never steps the sharded model, a node that trains on its own
@@ -173,15 +173,6 @@ def mid_bytes() -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def _comparable(name, t):
-    """Everything but the attention's key bias: its gradient is 0 in exact arithmetic, and Adam turns the rounding
-    noise into full-size steps (the notebook's section 5)."""
-    if name.endswith("qkv.bias"):
-        width = len(t) // 3
-        return torch.cat([t[:width], t[2 * width:]])
-    return t
-
-
 def _run(data, case: list, what: str):
     """The handed-in run of ``case`` (its value), or AssertionError: it failed, or it was not handed in."""
     for entry in (data or {}).get("runs", []):
@@ -248,17 +239,10 @@ def setup_fsdp_training(data):
         ranks = _run(data, case, f"setup_fsdp's training on {world_size} ranks (seed {seed}, lr {lr})")
         assert isinstance(ranks, list) and len(ranks) == world_size, \
             f"{where}{len(ranks or [])} ranks handed in, expected {world_size}"
-        reference = trained_reference(seed, lr)
-        for rank, trained in enumerate(ranks):
-            trained = tensors(trained)
-            assert set(trained) == set(reference), \
-                f"{where}rank {rank}: the model's parameters changed names: {sorted(set(trained) ^ set(reference))[:3]}"
-            worst = max((_comparable(k, trained[k]).double() - _comparable(k, p).double()).abs().max().item()
-                        for k, p in reference.items())
-            assert worst < TOLERANCE, (
-                f"{where}rank {rank}: after 3 steps the weights must equal a single process trained on the whole "
-                f"batches (max |diff| {worst:.1e}, tolerance {TOLERANCE:.0e}): the optimizer must step the sharded "
-                "parameters")
+        try:
+            checks.check_trained_like_one_process(ranks, trained_reference(seed, lr))   # the visible check's rule
+        except AssertionError as e:
+            raise AssertionError(f"{where}{e}") from None
     return "after 3 steps every rank holds the weights of one process on the whole batches (4 ranks, and 2)"
 
 
