@@ -76,7 +76,7 @@ def plan_resources(num_workers: int, cpus_per_worker: float, use_gpu: bool = Fal
             f"make. Give each training worker at most {hint:g} CPU (e.g. resources_per_worker={{'CPU': {hint:g}}}), use fewer workers, "
             "or add CPUs." if hint > 0 else
             f"{num_workers} training workers x {cpus_per_worker:g} CPU leave no CPU for Ray Data on a "
-            f"{cpus:g}-CPU cluster. Use fewer workers or add CPUs.")
+            f"{cpus:g}-CPU cluster: the workers would wait for data that no task can make. Use fewer workers or add CPUs.")
     return DataPlan(cluster_cpus=cpus, num_workers=int(num_workers), cpus_per_worker=float(cpus_per_worker),
                     use_gpu=bool(use_gpu), data_cpus=left, map_num_cpus=float(map_num_cpus),
                     map_concurrency=max(1, int(left // map_num_cpus)),

@@ -63,7 +63,6 @@ HIDDEN_RESUMED = {"test_resume_epoch": [{"rank": 2, "finished": 1}, {"group": 0}
 MARK_WEIGHT, MARK_LR, MARK_SEED = 0.5, 0.123, 1000
 
 ASKED = {"test_training_state_rng": HIDDEN_RNG_RANKS,
-         "test_training_state_restart": ["restart"],
          **HIDDEN_RESUMED,
          "test_make_run_config_failures": [[name, retries, 2, "val_loss", "min"]
                                            for name, (retries, _) in HIDDEN_FAILURES.items()] + HIDDEN_STORAGE,
