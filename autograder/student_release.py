@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
+import builtins
 import shutil
 import sys
 import textwrap
@@ -63,6 +65,7 @@ GENERIC = {
     "with tempfile.TemporaryDirectory() as tmp:", "model.load_state_dict(state)", "for epoch in range(epochs):",
     "torch.manual_seed(config[\"seed\"])", "ray.train.report(metrics, checkpoint=checkpoint)",
     "if dist.is_available() and dist.is_initialized():",
+    "fully_shard(model, mesh=mesh)", "model = build_vit_from(config)",     # module 05's every sharding, its model
 }
 ANSWER_MIN = 20   # answer lines longer than this many characters count
 
@@ -123,7 +126,7 @@ def _parse(text: str) -> ast.Module | None:
     return None
 
 
-def shapes(text: str) -> dict[str, tuple[int, str]]:
+def shapes(text: str, smallest: int = SHAPE_MIN) -> dict[str, tuple[int, str]]:
     """shape -> (AST nodes, first line) of every statement of ``text`` (at any depth, imports aside) of at least
     ``SHAPE_MIN`` nodes, with names and literals abstracted: a copy with its variables renamed has the same
     shapes. Text that does not parse has none."""
@@ -132,7 +135,7 @@ def shapes(text: str) -> dict[str, tuple[int, str]]:
     for node in ast.walk(tree) if tree else ():
         if isinstance(node, ast.stmt) and not isinstance(node, (ast.Import, ast.ImportFrom)):
             size = sum(1 for _ in ast.walk(node))
-            if size >= SHAPE_MIN:
+            if size >= smallest:
                 source = ast.unparse(node)
                 key = ast.dump(_Abstract().visit(ast.parse(source).body[0]), annotate_fields=False)
                 out.setdefault(key, (size, source.splitlines()[0][:100]))
@@ -151,22 +154,189 @@ def shape_leak(answer: dict[str, tuple[int, str]], text_shapes: dict) -> str:
     return ""
 
 
-def answers(module: str) -> list[tuple[int, str, set[str], dict]]:
-    """(cell index, grade_id, answer lines, answer shapes) of each solution cell of ``module``'s instructor
-    notebook, and of each script's solution regions (index -1: they come before every cell)."""
+# ---------------------------------------------------------------- answers by their tokens and their key calls
+#
+# Measured on the release of 2026-11-27 (issue 38's cases): module 07's script held its capstone's train_func at a
+# token coverage of 0.74 (the answer's abstracted tokens found, in order, in blocks of 4 or more, in one function),
+# module 03's script its train_func at 0.70; the most any other unit of the release reached for an answer that long
+# was 0.58 (07's DeepSpeed script, a sibling port). Short answers are all alike by tokens, so they are compared by
+# their key calls: a call of 3 or more arguments (module 02's ScalingConfig(num_workers=, use_gpu=,
+# resources_per_worker=), 05's StateDictOptions(full_state_dict=, cpu_offload=) and init_device_mesh(..., (.., ..),
+# mesh_dim_names=)) or a dict of 3 or more string keys (06's DeepSpeed config), found with the same callee and at
+# least the same keywords, unless an earlier module's release already shows that call (then it is a prerequisite).
+
+TOKENS_MIN = 150        # answers this long are compared by token coverage
+TOKENS_SHARE = 0.65     # ... and leak where one function, cell or script holds this share of them
+KEY_ARGS = 2            # a call with this many keyword arguments is a key call (its options are what an exercise asks)
+KEY_KEYS = 3            # a dict literal with this many string keys is one too
+
+
+class _KeepCallees(_Abstract):
+    """:class:`_Abstract`, but a called name stays (``ScalingConfig(...)``, ``init_device_mesh(...)``): it is the API."""
+
+    def visit_Call(self, node):
+        callee = node.func.id if isinstance(node.func, ast.Name) else None
+        self.generic_visit(node)
+        if callee:
+            node.func = ast.Name(id=callee, ctx=ast.Load())
+        return node
+
+
+def tokens(tree: ast.AST) -> list[str]:
+    """The tokens of ``tree`` with names and literals abstracted (called names kept)."""
+    import io
+    import tokenize
+
+    source = ast.unparse(_KeepCallees().visit(ast.parse(ast.unparse(tree))))
+    return [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline)
+            if t.type in (tokenize.NAME, tokenize.OP, tokenize.STRING, tokenize.NUMBER)]
+
+
+def units(text: str) -> list[list[str]]:
+    """The token lists of each function of ``text`` (its body) and of its top level: where an answer would sit."""
+    tree = _parse(text)
+    if tree is None:
+        return []
+    bodies = [node.body for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    bodies.append([n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                                                              ast.Import, ast.ImportFrom))])
+    return [t for body in bodies if body and (t := tokens(ast.Module(body=body, type_ignores=[])))]
+
+
+def coverage(answer: list[str], unit: list[str]) -> float:
+    """The share of ``answer``'s tokens found in ``unit`` in order, in runs of 4 or more."""
+    import difflib
+
+    blocks = difflib.SequenceMatcher(None, answer, unit, autojunk=False).get_matching_blocks()
+    return sum(b.size for b in blocks if b.size >= 4) / max(len(answer), 1)
+
+
+def _callee(func: ast.expr) -> str:
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+def _literal(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) or (isinstance(node, (ast.Tuple, ast.List))
+                                              and all(isinstance(e, ast.Constant) for e in node.elts))
+
+
+def _keywords(call: ast.Call) -> frozenset[str]:
+    """A call's keyword names; a keyword given a literal (``mesh_dim_names=("replicate", "shard")``) with its value."""
+    return frozenset(f"{k.arg}={ast.unparse(k.value)}" if _literal(k.value) else k.arg for k in call.keywords if k.arg)
+
+
+def key_calls(text: str) -> dict[tuple, str]:
+    """(callee, positional arguments, keywords) of each call of ``text`` with ``KEY_ARGS`` keyword arguments or more,
+    or with ``KEY_ARGS + 1`` arguments one of which a keyword given a literal; and ("{}", 0, keys) of each dict (a
+    literal or ``dict(...)``) with ``KEY_KEYS`` string keys or more -> its source."""
+    tree = _parse(text)
+    out: dict[tuple, str] = {}
+    for node in ast.walk(tree) if tree else ():
+        if isinstance(node, ast.Call) and _callee(node.func) == "dict" and not node.args:
+            keys = frozenset(k.arg for k in node.keywords if k.arg)
+            if len(keys) >= KEY_KEYS:
+                out.setdefault(("{}", 0, keys), ast.unparse(node)[:100])
+        elif isinstance(node, ast.Call) and _callee(node.func):
+            named = [k for k in node.keywords if k.arg]
+            if len(named) >= KEY_ARGS or (any(_literal(k.value) for k in named)
+                                          and len(node.args) + len(named) > KEY_ARGS):
+                out.setdefault((_callee(node.func), len(node.args), _keywords(node)), ast.unparse(node)[:100])
+        elif isinstance(node, ast.Dict):
+            keys = frozenset(k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
+            if len(keys) >= KEY_KEYS:
+                out.setdefault(("{}", 0, keys), ast.unparse(node)[:100])
+    return out
+
+
+DICT_SHARE = 0.6         # a dict holding this share of an answer dict's keys (3 or more) is that dict
+
+
+def _calls_found(answer: dict[tuple, str], text: dict[tuple, str]) -> list[str]:
+    """The answer's calls that ``text`` makes too: the same callee (and positional count) with the answer's keywords
+    or more (a keyword given a literal: with the same value); a dict with ``DICT_SHARE`` of the answer dict's keys."""
+    def same(callee, npos, kws, c, n, k):
+        if callee == "{}":
+            return c == "{}" and len(kws & k) >= KEY_KEYS and len(kws & k) >= DICT_SHARE * len(kws)
+        return c == callee and n == npos and kws <= k
+
+    return [src for (callee, npos, kws), src in answer.items() if any(same(callee, npos, kws, *t) for t in text)]
+
+
+NOVEL_MIN = 10           # AST nodes: a statement this large, new since the earlier modules, is the answer's own
+NOVEL_CALLS = 2          # a file (a script, coursekit, a figure) that makes this many of an answer's new calls holds it
+
+
+_BUILTINS = set(dir(builtins)) | {""}
+
+
+def calls(tree: ast.AST | None) -> dict[tuple, str]:
+    """(callee, positional arguments, keywords) of every call with an argument -> its source: an answer's API use
+    (``ray.train.get_dataset_shard("train")``, ``.iter_torch_batches(batch_size=...)``), whatever its values."""
+    out: dict[tuple, str] = {}
+    for node in ast.walk(tree) if tree else ():
+        if isinstance(node, ast.Call) and _callee(node.func) not in _BUILTINS and (node.args or node.keywords):
+            out.setdefault((_callee(node.func), len(node.args), _keywords(node)), ast.unparse(node)[:100])
+    return out
+
+
+def svg_text(svg: str) -> str:
+    """The text a figure shows, one ``<text>`` element per line."""
+    import html
+    import re
+
+    return "\n".join(html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", svg))
+
+
+class Code:
+    """What the leak rules compare of a text: its long lines, statement shapes, units' tokens and key calls."""
+
+    def __init__(self, text: str, figure: bool = False):
+        if figure:                      # a figure's lines are separate statements, each parsed alone
+            parts = [ln.strip() for ln in text.splitlines()]
+            self.shapes = {k: v for p in parts for k, v in shapes(p, NOVEL_MIN).items()}
+            self.units = [sum((tokens(t) for p in parts if (t := _parse(p))), [])]
+            self.calls = {k: v for p in parts for k, v in key_calls(p).items()}
+            self.api = {k: v for p in parts for k, v in calls(_parse(p)).items()}
+        else:
+            tree = _parse(text)
+            self.shapes, self.units, self.calls = shapes(text, NOVEL_MIN), units(text), key_calls(text)
+            self.api = calls(tree)
+        self.lines = _lines(text)
+        self.code = not figure
+
+
+def _answer_code(chunk: str) -> tuple[list[str], dict, dict, dict]:
+    """An answer's tokens, key calls, statement shapes down to ``NOVEL_MIN`` nodes, and every call it makes."""
+    tree = _parse(chunk)
+    return (tokens(tree) if tree else []), key_calls(chunk), shapes(chunk, NOVEL_MIN), calls(tree)
+
+
+def answer_entry(chunk: str, grade_id: str, index: int = -1) -> tuple:
+    """An answer as :func:`answers` lists it, from its code."""
+    return (index, grade_id, _lines(chunk), shapes(chunk), *_answer_code(chunk))
+
+
+def answers(module: str) -> list[tuple]:
+    """(cell index, grade_id, answer lines, answer shapes, tokens, key calls, small shapes, calls) of each solution cell of
+    ``module``'s instructor notebook, and of each script's solution regions (index -1: they come before every
+    cell)."""
     nb = nbformat.read(SOLUTIONS / module / f"{module}.ipynb", as_version=4)
     out = []
     for i, cell in enumerate(nb.cells):
         meta = cell.metadata.get("nbgrader", {})
         if meta.get("solution") and "### BEGIN SOLUTION" in cell.source:
             chunk = cell.source.split("### BEGIN SOLUTION", 1)[1].split("### END SOLUTION", 1)[0]
-            out.append((i, meta["grade_id"], _lines(chunk), shapes(chunk)))
+            out.append(answer_entry(chunk, meta["grade_id"], i))
     for script in sorted((SOLUTIONS / module).rglob("*.py")):
         text = script.read_text(encoding="utf-8")
         chunks = [c.split("### END SOLUTION", 1)[0] for c in text.split("### BEGIN SOLUTION")[1:]]
         if chunks:
+            parts = [_answer_code(c) for c in chunks]
             out.append((-1, script.name, _lines("\n".join(chunks)),
-                        {k: v for c in chunks for k, v in shapes(c).items()}))
+                        {k: v for c in chunks for k, v in shapes(c).items()},
+                        [t for part in parts for t in part[0]], {k: v for part in parts for k, v in part[1].items()},
+                        {k: v for part in parts for k, v in part[2].items()},
+                        {k: v for part in parts for k, v in part[3].items()}))
     return out
 
 
@@ -178,66 +348,176 @@ def _owner(path: Path, course: Path) -> str | None:
         return None
 
 
-def _leak(text_lines: set[str], text_shapes: dict, lines: set[str], answer_shapes: dict) -> str:
-    """Why a text (its ``_lines`` and ``shapes``) holds an answer (its lines and shapes); "" when it does not."""
-    hit = sorted(text_lines & lines)
+def _leak(text: Code, answer: tuple, lines: bool, known: "Known", file: bool = False) -> str:
+    """Why ``text`` holds ``answer`` (an entry of :func:`answers`); "" when it does not. ``lines``: compare long lines
+    too (a later module's single lines, such as `for images, labels in batches:`, are every module's); ``known``:
+    key calls an earlier module's release already shows."""
+    _, _, answer_lines, answer_shapes, answer_tokens, answer_calls, small_shapes, answer_api = answer
+    hit = sorted(text.lines & answer_lines) if lines else []
     if hit:
         return f"{len(hit)} line(s), e.g. {hit[0]!r}"
-    return shape_leak(answer_shapes, text_shapes)
+    why = shape_leak(answer_shapes, text.shapes)
+    if why:
+        return why
+    if len(answer_tokens) >= TOKENS_MIN:
+        best = max((coverage(answer_tokens, u) for u in text.units), default=0.0)
+        if best >= TOKENS_SHARE:
+            return f"{best:.0%} of the answer's {len(answer_tokens)} tokens in one function, in order, whatever the names"
+    found = _calls_found({k: v for k, v in answer_calls.items() if not _calls_found({k: v}, known.calls)}, text.calls)
+    if found:
+        return f"its key call {found[0]!r}"
+    novel = [v for k, v in small_shapes.items() if k in text.shapes and k not in known.shapes]
+    if len(novel) >= 2:
+        return f"{len(novel)} of its statements new since the earlier modules, by shape, e.g. {novel[0][1]!r}"
+    if file or text.code:
+        new = _calls_found({k: v for k, v in answer_api.items() if not _calls_found({k: v}, known.api)}, text.api)
+        if len(new) >= NOVEL_CALLS:
+            return f"{len(new)} of its calls that no earlier module makes, e.g. {new[0]!r} and {new[1]!r}"
+    return ""
+
+
+class Known:
+    """What the releases of the modules before one show (prerequisites, not answers): key calls, shapes, calls."""
+
+    def __init__(self, codes: list[Code]):
+        self.calls = {k: v for c in codes for k, v in c.calls.items()}
+        self.shapes = {k for c in codes for k in c.shapes}
+        self.api = {k: v for c in codes for k, v in c.api.items()}
+
+    def with_(self, other: "Known") -> "Known":
+        both = Known([])
+        both.calls, both.shapes, both.api = {**self.calls, **other.calls}, self.shapes | other.shapes, {**self.api, **other.api}
+        return both
+
+
+@functools.lru_cache(maxsize=None)
+def known_before(module: str, course: Path = REPO / "course") -> Known:
+    """What the released folders of the modules before ``module`` show (their notebooks' cells and their files)."""
+    order = modules()
+    codes = []
+    for earlier in order[: order.index(module)]:
+        codes += [_cell_code(c) for c in nbformat.read(course / earlier / f"{earlier}.ipynb", as_version=4).cells]
+        for path in sorted((course / earlier).rglob("*")):
+            if path.is_file() and path.suffix in (".py", ".svg", ".sh"):
+                text = path.read_text(encoding="utf-8")
+                codes.append(Code(svg_text(text), figure=True) if path.suffix == ".svg" else Code(text))
+    return Known(codes)
+
+
+def leak_of(answer_code: str, text: str, module: str, kind: str = "file") -> str:
+    """Why ``text`` (``kind``: "file", "figure", "code cell" or "markdown cell" of the release) holds the answer
+    ``answer_code`` of ``module`` ("" when it does not), as :func:`answer_leaks` judges it in that module's folder."""
+    code = {"file": lambda: Code(text), "figure": lambda: Code(svg_text(text), figure=True),
+            "code cell": lambda: Code(_strip_regions(text)),
+            "markdown cell": lambda: Code(_markdown_code(text), figure=True)}[kind]()
+    return _leak(code, answer_entry(answer_code, "answer"), True, known_before(module), file=kind in ("file", "figure"))
+
+
+def _markdown_code(source: str) -> str:
+    """The code a markdown cell shows: its fenced blocks, its indented blocks (lines of 4 spaces or a tab, shown as
+    code), and each inline code span on a line of its own."""
+    import re
+    import textwrap
+
+    fenced = re.findall(r"```[a-z]*\n(.*?)```", source, re.S)
+    rest = re.sub(r"```.*?```", "", source, flags=re.S)
+    indented = re.findall(r"(?:^(?: {4}|\t).*\n?)+", rest, re.M)
+    inline = re.findall(r"`([^`\n]+)`", rest)
+    return "\n".join([*fenced, *(textwrap.dedent(block) for block in indented), *inline])
+
+
+def _cell_code(cell) -> Code:
+    if cell.cell_type == "markdown":
+        return Code(_markdown_code(cell.source), figure=True)
+    return Code(_strip_regions(cell.source))
 
 
 def answer_leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
-    """Answers (solution cells and script solution regions, by their lines or by their shape, whatever the
-    names) found where a student of a module could read them before its deadline.
+    """Answers (solution cells and script solution regions: by their lines, their statements' shapes, their tokens or
+    their key calls, whatever the names) found where a student of a module could read them before its deadline.
 
     A module is released after the deadline of every module before it (``make release THROUGH=...``), so a file
     of module j's folder may hold the answers of modules before j (module 07's scripts do 01's, 05's and 06's
     jobs) but never of j or a later module; a file outside the modules' folders (coursekit, READMEs, deploy) holds
-    no answer; a released notebook shows none of its own answers above their exercise, and none of a later
-    module's anywhere."""
+    no answer; a released notebook shows none of its own answers outside their cells (a student reads the whole
+    notebook), and none of a later module's anywhere. Figures are read by the text they show."""
     folder = Path(folder)
     course = folder / "course" if (folder / "course").is_dir() else folder
     order = modules()
     every = {m: answers(m) for m in mods or order}
+    released = {o: [_cell_code(c) for c in nbformat.read(course / o / f"{o}.ipynb", as_version=4).cells]
+                for o in order if (course / o / f"{o}.ipynb").exists()}
+    files = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix != ".ipynb"):
+        try:
+            text = path.read_text(encoding="utf-8")
+            files[path] = Code(svg_text(text), figure=True) if path.suffix == ".svg" else Code(text)
+        except (UnicodeDecodeError, OSError):
+            continue
+
+    def known(m: str) -> Known:
+        """The earlier modules' releases: this folder's and the course's own (a folder may hold only some)."""
+        earlier = order[: order.index(m)] if m in order else []
+        here = Known([c for o in earlier for c in released.get(o, [])]
+                     + [c for path, c in files.items() if _owner(path, course) in earlier])
+        return here.with_(known_before(m)) if m in order and (REPO / "course" / m).is_dir() else here
 
     def later_or_same(m: str, owner: str | None) -> bool:
         return owner is None or owner not in order or order.index(m) >= order.index(owner)
 
     found = []
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix != ".ipynb"):
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        owner, text_lines, text_shapes = _owner(path, course), _lines(text), shapes(text)
-        for m, items in every.items():
-            if not later_or_same(m, owner):
-                continue
-            for _, gid, lines, answer_shapes in items:
-                # a later module's answer in a module's folder: by shape only (single lines such as
-                # `images, labels = images.to(device), labels.to(device)` are every module's)
-                why = _leak(text_lines if owner in (None, m) else set(), text_shapes, lines, answer_shapes)
-                if why:
-                    found.append(f"{path.relative_to(folder)}: {m}'s answer {gid}: {why}")
-    for owner in order:
-        nb_path = course / owner / f"{owner}.ipynb"
-        if not nb_path.exists():
-            continue
-        cells = [_strip_regions(c.source) for c in nbformat.read(nb_path, as_version=4).cells]
-        cell_lines, cell_shapes = [_lines(c) for c in cells], [shapes(c) for c in cells]
-        for m, items in every.items():
+    for m, items in every.items():
+        prerequisites = known(m)
+        for path, code in files.items():
+            owner = _owner(path, course)
+            if later_or_same(m, owner):
+                for answer in items:
+                    why = _leak(code, answer, owner in (None, m), prerequisites, file=True)
+                    if why:
+                        found.append(f"{path.relative_to(folder)}: {m}'s answer {answer[1]}: {why}")
+        for owner, cells in released.items():
             if order.index(m) < order.index(owner):
                 continue
-            for index, gid, lines, answer_shapes in items:
-                # its own answers: by line or shape, above the exercise; a later module's: by shape, anywhere
-                # (lines such as `for images, labels in batches:` are every module's)
-                upto = max(index, 0) if m == owner else len(cells)
-                why = next((w for t, sh in zip(cell_lines[:upto], cell_shapes[:upto])
-                            if (w := _leak(t if m == owner else set(), sh, lines, answer_shapes))), "")
+            nb_path = (course / owner / f"{owner}.ipynb").relative_to(folder)
+            for answer in items:
+                why = next((f"cell {i}: {w}" for i, c in enumerate(cells)
+                            if not (m == owner and i == answer[0])
+                            and (w := _leak(c, answer, m == owner, prerequisites))), "")
                 if why:
-                    where = "above its cell" if m == owner else f"in {owner}, before {m}'s deadline"
-                    found.append(f"{nb_path.relative_to(folder)}: the answer of {m}'s {gid} is shown {where}: {why}")
+                    where = "outside its cell" if m == owner else f"in {owner}, before {m}'s deadline"
+                    found.append(f"{nb_path}: the answer of {m}'s {answer[1]} is shown {where}: {why}")
     return found
+
+
+REVIEWED = Path(__file__).with_name("leaks_reviewed.toml")
+
+
+def reviewed() -> list[dict]:
+    """The findings of :func:`answer_leaks` that an instructor reviewed and kept (``autograder/leaks_reviewed.toml``):
+    each names the answer ("module/grade_id"), the released file, a piece of the finding (``shows``) and why it gives
+    nothing away (a teaching cell that introduces the API the exercise then combines with others, ...)."""
+    import tomllib
+
+    if not REVIEWED.exists():
+        return []
+    entries = tomllib.loads(REVIEWED.read_text())["reviewed"]
+    for e in entries:
+        missing = {"answer", "where", "shows", "reason"} - set(e)
+        if missing or len(e["reason"]) < 40:
+            raise ValueError(f"{REVIEWED.name}: an entry needs answer, where, shows and a reason: {e}")
+    return entries
+
+
+def unreviewed(found: list[str]) -> list[str]:
+    """``found`` without the findings that :func:`reviewed` keeps."""
+    keep = reviewed()
+
+    def kept(finding: str) -> bool:
+        path = finding.split(":", 1)[0].removeprefix("course/")      # a release root, or its course/ folder
+        return any(path == e["where"].removeprefix("course/") and e["shows"] in finding
+                   and (f"{e['answer'].replace('/', chr(39) + 's answer ')}:" in finding
+                        or f"{e['answer'].replace('/', chr(39) + 's ')} is shown" in finding) for e in keep)
+    return [f for f in found if not kept(f)]
 
 
 def judged_texts(mods: list[str] | None = None) -> list[tuple[str, str]]:
@@ -282,7 +562,7 @@ def leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
         if hit:
             found.append(f"{nb_path.relative_to(folder)}: {len(hit)} line(s) of its solutions/hidden "
                          f"tests, e.g. {hit[0]!r}")
-    found += answer_leaks(folder)      # every module's answers: an unreleased one's above all
+    found += unreviewed(answer_leaks(folder))      # every module's answers: an unreleased one's above all
     for p in folder.rglob("*"):
         if p.name in ("solutions", "autograder", "tests", ".git", "build"):
             found.append(f"{p.relative_to(folder)}: instructor-only folder")

@@ -370,3 +370,72 @@ def test_folded_code_cells_are_announced_to_the_student():
                     f"{module} cell {i}: only harness code is folded, never an exercise")
                 assert "is folded below" in nb.cells[i - 1].source, f"{module} cell {i} is folded without a word"
     assert folded >= 6
+
+
+# ------------------------------------------------------------- questions that need thought, checks that check (issue 38)
+
+QUESTION_KINDS = ("predict-then-run", "transfer")
+
+
+@pytest.mark.parametrize("module", modules())
+def test_concept_questions_are_numbered_in_order_and_tagged_with_their_kind(module):
+    """Each concept question's answer cell carries ``metadata.course = {"question": n, "kind": k}``: n counts the
+    module's questions in the order a student meets them (1, 2, ...), k is "predict-then-run" (the student predicts,
+    then a cell runs it) or "transfer" (the idea applied to a case the text did not show), never recall; and the
+    markdown above it, since the previous question, has the heading "### Question n (".
+    """
+    nb = nbformat.read(REPO / "solutions" / module / f"{module}.ipynb", as_version=4)
+    seen, since = 0, []
+    for i, cell in enumerate(nb.cells):
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id", "")
+        if cell.cell_type == "markdown":
+            since.append(cell.source)
+        if not gid.startswith("concept_"):
+            continue
+        seen += 1
+        tag = cell.metadata.get("course", {})
+        assert tag.get("question") == seen, f"{module}/{gid} (cell {i}): metadata.course.question {tag.get('question')} != {seen}"
+        assert tag.get("kind") in QUESTION_KINDS, f"{module}/{gid}: metadata.course.kind {tag.get('kind')!r} not in {QUESTION_KINDS}"
+        assert any(ln.startswith(f"### Question {seen} (") for md in since for ln in md.splitlines()), \
+            f"{module}/{gid}: no '### Question {seen} (' heading above it"
+        if tag["kind"] == "predict-then-run":
+            after = "\n".join(c.source for c in nb.cells[i + 1:i + 4] if c.cell_type == "code")
+            assert after.strip(), f"{module}/{gid}: a predict-then-run question with no code cell to run after it"
+        since = []
+    assert seen >= 3, f"{module}: {seen} concept questions"
+
+
+def _checks_in_the_kernel(source: str) -> bool:
+    """Whether a test cell's visible code asserts something or calls a check (``check_...(...)``,
+    ``checks.check_...(...)``) at its top level, outside ``if``/``def`` bodies that a grading-only branch could skip."""
+    import ast
+
+    code = "\n".join(ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!")))
+    tree = ast.parse(code)
+
+    def calls_a_check(node) -> bool:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Assert):
+                return True
+            if isinstance(sub, ast.Call):
+                func = sub.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if name.startswith("check_"):
+                    return True
+        return False
+
+    return any(calls_a_check(stmt) for stmt in tree.body
+               if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If)))
+
+
+@pytest.mark.parametrize("module", modules())
+def test_every_graded_cells_visible_part_checks_something_in_the_kernel(module):
+    """Validate's "Success" means something: every graded code cell of the release (concept questions aside, they
+    are judged by the grader alone) asserts or calls a ``check_`` function on what ran, unconditionally, so a student
+    meets the pitfall its text stresses before submitting; handing evidence in (``hand_in``) alone checks nothing."""
+    nb = nbformat.read(COURSE / module / f"{module}.ipynb", as_version=4)
+    empty = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells
+             if c.metadata.get("nbgrader", {}).get("grade") and not c.metadata["nbgrader"].get("solution")
+             and not c.metadata["nbgrader"]["grade_id"].startswith("test_concept")
+             and not _checks_in_the_kernel(c.source)]
+    assert not empty, f"{module}: graded cells whose visible part checks nothing in the kernel: {empty}"
