@@ -479,13 +479,11 @@ def answer_leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
             if order.index(m) < order.index(owner):
                 continue
             nb_path = (course / owner / f"{owner}.ipynb").relative_to(folder)
-            for answer in items:
-                why = next((f"cell {i}: {w}" for i, c in enumerate(cells)
-                            if not (m == owner and i == answer[0])
-                            and (w := _leak(c, answer, m == owner, prerequisites))), "")
-                if why:
-                    where = "outside its cell" if m == owner else f"in {owner}, before {m}'s deadline"
-                    found.append(f"{nb_path}: the answer of {m}'s {answer[1]} is shown {where}: {why}")
+            where = "outside its cell" if m == owner else f"in {owner}, before {m}'s deadline"
+            for answer in items:      # every cell that shows it: one reviewed cell never hides another
+                for i, c in enumerate(cells):
+                    if not (m == owner and i == answer[0]) and (why := _leak(c, answer, m == owner, prerequisites)):
+                        found.append(f"{nb_path}: the answer of {m}'s {answer[1]} is shown {where}: cell {i}: {why}")
     return found
 
 

@@ -313,8 +313,8 @@ def test_scaling_widget_renders_and_drives_the_kernel_side_config(context, lab):
         expect(widget.locator(".widget-html", has_text="worker")).to_contain_text(
             re.compile(rf"\b{after} (CPU|GPU) workers?\b"))
 
-        # A new cell below the widget asks the kernel for the ScalingConfig the notebook will train with.
-        nb.ask(index, f"print('kernel-side num_workers:', {picker}.scaling_config().num_workers)",
+        # A new cell below the widget asks the kernel for the choice the notebook will train with.
+        nb.ask(index, f"print('kernel-side num_workers:', {picker}.choice()['num_workers'])",
                f"kernel-side num_workers: {after}")
         assert not WIDGET_ERRORS.search(nb.page.locator("#main").inner_text())
         widget.scroll_into_view_if_needed()

@@ -182,14 +182,16 @@ def test_strict_spread_on_one_machine_is_refused_with_a_clear_message():
     assert "2 workers need 2 nodes, but this cluster has 1" in proc.stderr, proc.stderr[-2000:]
 
 
-def test_make_scaling_config_passes_the_placement_strategy_to_ray():
-    from coursekit.scaling import ScalingError, make_scaling_config
+def test_check_placement_knows_rays_strategies_and_refuses_others():
+    from ray.train import ScalingConfig
 
-    cluster = {"CPU": 4, "GPU": 0}
-    assert make_scaling_config(2, False, resources=cluster).placement_strategy == "PACK"  # Ray's default
-    assert make_scaling_config(2, False, resources=cluster, placement_strategy="SPREAD").placement_strategy == "SPREAD"
+    from coursekit.scaling import PLACEMENT_STRATEGIES, ScalingError, check_placement
+
+    assert PLACEMENT_STRATEGIES[0] == ScalingConfig().placement_strategy == "PACK"  # Ray's default first
+    for strategy in ("PACK", "SPREAD", "STRICT_PACK"):
+        check_placement(2, strategy)
     with pytest.raises(ScalingError, match="'spread' is not one of PACK, SPREAD"):
-        make_scaling_config(2, False, resources=cluster, placement_strategy="spread")
+        check_placement(2, "spread")
 
 
 # A driver on this machine (no GPU) that asks the cluster. Prints what the course's code would use.
@@ -197,7 +199,7 @@ DEFAULTS_PROBE = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from coursekit.runtime import detect
-from coursekit.scaling import make_scaling_config, worker_resources
+from coursekit.scaling import check_scaling, worker_resources
 import train_ray_fsdp2
 rt = detect()
 workers = worker_resources(rt)                          # joins the cluster named by RAY_ADDRESS
@@ -209,7 +211,7 @@ print("DEFAULTS", json.dumps({
     "script": [cfg["num_workers"], cfg["use_gpu"]],
     "joined_nodes": len([n for n in ray.nodes() if n["Alive"]]),
 }))
-make_scaling_config(workers.default_workers, workers.use_gpu)   # the defaults fit the cluster
+check_scaling(workers.default_workers, workers.use_gpu)   # the defaults fit the cluster
 """
 
 

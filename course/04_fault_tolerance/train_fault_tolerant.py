@@ -38,7 +38,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 import ray.train
 import ray.train.torch
-from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig
+from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from coursekit import detect
@@ -47,7 +47,7 @@ from coursekit.faults import fired, inject_faults
 from coursekit.localmode import fit_trainer
 from coursekit.models import accuracy, build_model
 from coursekit.raysetup import init_ray, storage_path
-from coursekit.scaling import ScalingError, make_scaling_config, worker_resources
+from coursekit.scaling import ScalingError, check_scaling, worker_resources
 
 STATE_FILE = "state.pt"          # rank 0: the model, the optimizer and the finished epoch
 
@@ -236,11 +236,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         if rt.ray_address is None:
-            make_scaling_config(args.num_workers, args.use_gpu, global_batch_size=sizes["global_batch_size"])
+            check_scaling(args.num_workers, args.use_gpu, global_batch_size=sizes["global_batch_size"])
         if not rt.local_mode:  # a small machine (Binder) runs Ray Train's local mode on forked ranks: no Ray
             init_ray(rt)
-        scaling_config = make_scaling_config(args.num_workers, args.use_gpu,
-                                             global_batch_size=sizes["global_batch_size"])
+        check_scaling(args.num_workers, args.use_gpu, global_batch_size=sizes["global_batch_size"])
+        scaling_config = ScalingConfig(num_workers=args.num_workers, use_gpu=args.use_gpu,
+                                       resources_per_worker={"CPU": 1})   # a GPU worker gets its GPU too
     except ScalingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -51,7 +51,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 import ray.train
 import ray.train.torch
-from ray.train import Checkpoint, RunConfig
+from ray.train import Checkpoint, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer, prepare_data_loader
 
 from coursekit import detect
@@ -61,7 +61,7 @@ from coursekit.models import ViT, accuracy
 from coursekit.planner import StepMeter
 from coursekit.raysetup import init_ray, storage_path
 from coursekit.runtime import SIZES
-from coursekit.scaling import make_scaling_config, worker_resources
+from coursekit.scaling import check_scaling, worker_resources
 
 
 def parse_args(argv=None) -> dict:
@@ -231,7 +231,9 @@ def main(argv=None) -> dict:
     cfg = parse_args(argv)
     if not rt.local_mode:   # a small machine (Binder) runs Ray Train's local mode on forked ranks: no Ray
         init_ray(rt)
-    scaling = make_scaling_config(cfg["num_workers"], cfg["use_gpu"], global_batch_size=cfg["global_batch_size"])
+    check_scaling(cfg["num_workers"], cfg["use_gpu"], global_batch_size=cfg["global_batch_size"])
+    scaling = ScalingConfig(num_workers=cfg["num_workers"], use_gpu=cfg["use_gpu"],
+                            resources_per_worker={"CPU": 1})   # a GPU worker gets its GPU too
     run = RunConfig(storage_path=storage_path(rt), name=time.strftime("07-ray-fsdp2-%Y%m%d-%H%M%S"))
     # no TorchConfig(backend=...): Ray Train picks NCCL when each worker has a GPU, else gloo
     trainer = TorchTrainer(train_func, train_loop_config=cfg, scaling_config=scaling, run_config=run)

@@ -33,8 +33,13 @@ def preprocess_case(name: str) -> dict:
 
 
 def expected_images(raw: np.ndarray) -> np.ndarray:
-    """What ToTensor() + Normalize((0.5,), (0.5,)) give: (pixel / 255 - 0.5) / 0.5, as [B, 1, 28, 28]."""
-    return ((raw.astype(np.float64) / 255.0 - 0.5) / 0.5)[:, None, :, :]
+    """What ToTensor() + Normalize((0.5,), (0.5,)) give, as [B, 1, 28, 28]: the course dataset's own tensors
+    (coursekit.data.normalize, what module 02's DataLoader trained on)."""
+    import torch
+
+    from coursekit.data import normalize
+
+    return normalize(torch.from_numpy(np.ascontiguousarray(raw))).numpy()
 
 
 def check_values_visible(out: dict) -> None:

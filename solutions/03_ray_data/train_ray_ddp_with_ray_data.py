@@ -35,7 +35,7 @@ import ray.data
 import ray.train
 import ray.train.torch
 from ray.data import ExecutionOptions, ExecutionResources
-from ray.train import Checkpoint, DataConfig, RunConfig
+from ray.train import Checkpoint, DataConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from coursekit import detect
@@ -46,7 +46,7 @@ from coursekit.objectstore import ObjectStoreMonitor
 from coursekit.raydata import configure_ray_data, local_ray_options, plan_resources
 from coursekit.raysetup import init_ray, storage_path
 from coursekit.runtime import SIZES
-from coursekit.scaling import ScalingError, cluster_resources, make_scaling_config, worker_resources
+from coursekit.scaling import ScalingError, check_scaling, cluster_resources, worker_resources
 from coursekit.synthetic import preprocess_synthetic, synthetic_dataset, synthetic_rows
 
 
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     def plan(resources):
         cpus = resources["CPU"]
         per_worker = args.cpus_per_worker or (1.0 if args.use_gpu else cpus / 2 / args.num_workers)
-        make_scaling_config(args.num_workers, args.use_gpu, per_worker, global_batch, resources)
+        check_scaling(args.num_workers, args.use_gpu, per_worker, global_batch, resources)
         return plan_resources(args.num_workers, per_worker, args.use_gpu, args.data_cpus_per_task,
                               resources=resources)
 
@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(data_plan.describe())
     configure_ray_data(data_plan)
-    scaling_config = make_scaling_config(args.num_workers, args.use_gpu, data_plan.cpus_per_worker, global_batch)
+    scaling_config = ScalingConfig(num_workers=args.num_workers, use_gpu=args.use_gpu,
+                                   resources_per_worker={"CPU": data_plan.cpus_per_worker})
 
     # Generated and preprocessed on Ray Data's CPU tasks, as the training workers ask for data.
     # The generating ("reading") tasks reserve half the CPU of the preprocessing tasks, so Ray Data keeps them
