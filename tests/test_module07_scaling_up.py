@@ -322,3 +322,29 @@ def test_no_released_script_holds_the_capstone_answer_even_renamed():
             if similarity >= SAME_ANSWER:
                 close[f"{script.relative_to(REPO)}:{function.name}"] = round(similarity, 2)
     assert not close, f"released functions shaped like the capstone's answer: {close}"
+
+
+def _bf16_step(rank, world_size, module, config):
+    """One step of the FSDP2 script's sharding with --bf16: the dtypes a block computes in and the sharded
+    parameters and gradients keep."""
+    import torch
+    import torch.nn.functional as F
+
+    model = module.build_model(config)
+    module.shard(model, config, torch.device("cpu"), world_size)
+    seen = []
+    model.blocks[0].attn.qkv.register_forward_hook(lambda m, i, o: seen.append((str(m.weight.dtype), str(o.dtype))))
+    inputs = torch.randn(4, 1, 28, 28)
+    F.cross_entropy(model(inputs).float(), torch.tensor([0, 1, 2, 3])).backward()
+    qkv = model.blocks[0].attn.qkv.weight
+    return {"compute": seen[0], "shard": str(qkv.dtype), "grad": str(qkv.grad.dtype)}
+
+
+@pytest.mark.parametrize("flag, compute", [([], "torch.float32"), (["--bf16"], "torch.bfloat16")])
+def test_fsdp2_script_bf16_computes_in_bf16_and_keeps_fp32_shards(scripts, flag, compute):
+    """--bf16 (as the DeepSpeed script's) is module 05's MixedPrecisionPolicy: bf16 compute, fp32 shards and
+    gradients; without it everything is fp32."""
+    config = dict(_config(scripts), **{k: v for k, v in scripts["train_ray_fsdp2"].parse_args(["--smoke-test", *flag]).items()
+                                       if k == "bf16"})
+    (result,) = run_distributed(_bf16_step, 1, scripts["train_ray_fsdp2"], config, timeout_s=120)
+    assert result == {"compute": (compute, compute), "shard": "torch.float32", "grad": "torch.float32"}, result

@@ -2,6 +2,7 @@
 
     python train_ray_fsdp2.py --smoke-test                   # 2 CPU workers here
     python train_ray_fsdp2.py --num-workers 8 --use-gpu      # on a GPU cluster (RAY_ADDRESS or Anyscale)
+    python train_ray_fsdp2.py --num-workers 8 --use-gpu --bf16   # bf16 compute, fp32 shards (as DeepSpeed --bf16)
     python train_ray_fsdp2.py --num-workers 16 --use-gpu --hsdp 8          # HSDP: 2 nodes of 8 GPUs
     python train_ray_fsdp2.py --num-workers 16 --use-gpu --tp 8            # TP in a node x FSDP2 across nodes
     python train_ray_fsdp2.py --num-workers 8 --use-gpu --activation-checkpointing
@@ -46,7 +47,7 @@ from torch.utils.data.distributed import DistributedSampler
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import ray.train
@@ -82,6 +83,9 @@ def parse_args(argv=None) -> dict:
     p.add_argument("--tp", type=int, default=1, metavar="K", help="tensor parallelism over K ranks (a node) x FSDP2")
     p.add_argument("--activation-checkpointing", action="store_true",
                    help="keep only each block's input for the backward pass, recompute the rest")
+    p.add_argument("--bf16", action="store_true",
+                   help="bf16 compute and all-gathers, fp32 shards and gradient reduction (module 05's "
+                        "MixedPrecisionPolicy; GPUs with bf16, as train_ray_deepspeed.py --bf16)")
     p.add_argument("--no-checkpoints", action="store_true",
                    help="report the metrics without a checkpoint (the course's copy leaves the checkpoint to you)")
     args = p.parse_args(argv)
@@ -97,7 +101,7 @@ def parse_args(argv=None) -> dict:
             "vit": {k: sizes[f"vit_{k}"] for k in ("depth", "width", "heads", "patch")},
             "metrics_out": args.metrics_out, "seed": 0,
             "num_workers": args.num_workers, "use_gpu": args.use_gpu,
-            "hsdp": args.hsdp, "tp": args.tp, "checkpointing": args.activation_checkpointing,
+            "hsdp": args.hsdp, "tp": args.tp, "checkpointing": args.activation_checkpointing, "bf16": args.bf16,
             "checkpoints": not args.no_checkpoints}
 
 
@@ -144,8 +148,10 @@ def checkpointed(block) -> None:
 
 def shard(model: ViT, cfg: dict, device: torch.device, world_size: int):
     """The options' mesh (module 05), then each block (checkpointed with --activation-checkpointing) and the root
-    sharded over it; returns the mesh of the data-parallel ranks."""
+    sharded over it (in bf16 with --bf16); returns the mesh of the data-parallel ranks."""
     hsdp, tp = cfg.get("hsdp", 0), cfg.get("tp", 1)
+    options = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} \
+        if cfg.get("bf16") else {}
     if hsdp:       # (nodes, ranks per node): sharded within a node, replicated across nodes
         ranks = init_device_mesh(device.type, (world_size // hsdp, hsdp), mesh_dim_names=("replicate", "shard"))
     elif tp > 1:   # (data parallel, tensor parallel): the TP group is a node's ranks
@@ -157,8 +163,8 @@ def shard(model: ViT, cfg: dict, device: torch.device, world_size: int):
     for layer in model.blocks:                               # one unit per block, gathered one at a time
         if cfg.get("checkpointing"):
             checkpointed(layer)
-        fully_shard(layer, mesh=ranks)
-    fully_shard(model, mesh=ranks)                           # the root: embedding and head
+        fully_shard(layer, mesh=ranks, **options)
+    fully_shard(model, mesh=ranks, **options)                # the root: embedding and head
     return ranks
 
 
@@ -202,7 +208,7 @@ def train_func(cfg: dict) -> None:
         for inputs, targets in batches:
             inputs, targets = inputs.to(device), targets.to(device)
             with meter.forward(model, len(targets)):             # measures the activations, once
-                loss = F.cross_entropy(model(inputs), targets)
+                loss = F.cross_entropy(model(inputs).float(), targets)   # the loss in fp32, also under --bf16
             optimizer.zero_grad()
             loss.backward()
             meter.tick(model, optimizer, len(targets))
