@@ -225,7 +225,7 @@ def throughput(ctx: dict) -> dict:
                         figure("torchrun DDP", tr["samples_per_s"], "samples/s")],
             "details": {"ray_train": ray_r, "torchrun": tr, "torchrun_wall_s": wall}, "table": table,
             "how": (f"module 02's ResNet18 on the digits, 2 CPU workers (gloo), global batch {tr['global_batch_size']}, "
-                    f"the same loop (`bench/ddp_loop.py`) under both launchers; `coursekit.planner.StepMeter` "
+                    f"the same loop (`bench/ddp_loop.py`) under both launchers; `coursekit.stepmeter.StepMeter` "
                     f"times {steps} optimizer steps after {warmup} warm-up steps inside the workers "
                     "(start-up excluded). Module 07's scripts measure the same way but train its ViT, not "
                     "module 02's model.")}
@@ -317,7 +317,7 @@ def memory(ctx: dict) -> dict:
     return {"figures": figures, "details": r, "table": table,
             "how": (f"module 07's training functions (train_ray_*.py) on real gloo ranks (Ray Train's context "
                     f"simulated): 2 ranks, and 2 nodes x 2 for HSDP and TP x FSDP2; ViT of {r['num_params']} "
-                    "parameters, fp32, Adam; `coursekit.planner.StepMeter` counts each rank's parameters, "
+                    "parameters, fp32, Adam; `coursekit.stepmeter.StepMeter` counts each rank's parameters, "
                     "gradients and optimizer state after the backward pass, and the activations the FSDP2 "
                     "script's forward pass saves; `coursekit.planner.compare` against `predict` "
                     "(accumulation=False: the scripts do not accumulate) and `vit_activation_bytes`. "

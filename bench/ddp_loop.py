@@ -3,7 +3,7 @@
 Both launchers build the same model (module 02's ResNet18, ``coursekit.models.build_model``),
 the same digits, the same per-worker batch (global batch // 2), the same sampler (shuffled
 ``DistributedSampler``, seed 0) and Adam; the loop below is shared, so the only difference is
-who starts the processes and wraps the model. ``coursekit.planner.StepMeter`` (module 07's meter)
+who starts the processes and wraps the model. ``coursekit.stepmeter.StepMeter`` (module 07's meter)
 times ``steps`` optimizer steps after ``warmup`` steps, inside the worker: start-up is excluded.
 
     torchrun --standalone --nproc_per_node 2 -m bench.ddp_loop --steps 20 --out result.json
@@ -27,7 +27,7 @@ def config_for(steps: int, warmup: int, global_batch_size: int = 64) -> dict:
 
 def train_steps(model, loader, sampler, config: dict, device) -> dict:
     """Train until the meter has its steps; return samples/s of the job and what ran."""
-    from coursekit.planner import StepMeter
+    from coursekit.stepmeter import StepMeter
 
     optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
     meter = StepMeter(warmup=config["warmup"], steps=config["steps"])

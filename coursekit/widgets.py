@@ -1,8 +1,8 @@
 """What the course's ipywidgets controls share: their look, a warning line, and a bar made of HTML.
 
 Each module's controls live next to the arithmetic they drive (``scaling.ScalingConfigPicker``,
-``raydata.DataSplitPicker``, ``faults.FaultToleranceControls``, ``planner.ZeroPicker`` and
-``planner.MemoryPlanner``). They follow one pattern: the controls are plain ipywidgets, every change
+``raydata.DataSplitPicker``, ``faults.FaultToleranceControls``, ``planner_widgets.ZeroPicker`` and
+``planner_widgets.MemoryPlanner``). They follow one pattern: the controls are plain ipywidgets, every change
 calls ``_refresh`` in the kernel (which rewrites the summary and the warning), and the code after the
 widget reads the current values from the object. Without a front end (papermill, the grader) nobody
 moves the controls, so the values passed in are what the code gets.

@@ -8,7 +8,9 @@ import torch.nn.functional as F
 
 from coursekit.distributed import run_distributed
 from coursekit.models import ViT
-from coursekit.planner import STRATEGIES, MemoryPlanner, StepMeter, compare, predict, zero_bytes
+from coursekit.planner import STRATEGIES, compare, predict, zero_bytes
+from coursekit.planner_widgets import MemoryPlanner
+from coursekit.stepmeter import StepMeter
 
 SHAPE = dict(depth=2, width=64, heads=4, patch=7)   # the smoke-size ViT
 NUM_PARAMS = sum(p.numel() for p in ViT(**SHAPE).parameters())
@@ -201,7 +203,7 @@ def test_vit_parameters_and_what_tensor_parallelism_splits():
 
 
 def _saved_by_forward(model, images, labels):
-    from coursekit.planner import saved_activations
+    from coursekit.stepmeter import saved_activations
 
     with saved_activations(model) as saved:
         loss = F.cross_entropy(model(images), labels)

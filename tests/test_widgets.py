@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from coursekit.faults import FaultToleranceControls
-from coursekit.planner import MemoryPlanner, ZeroPicker, predict, zero_bytes
+from coursekit.planner import predict, zero_bytes
+from coursekit.planner_widgets import MemoryPlanner, ZeroPicker
 from coursekit.raydata import DataSplitPicker
 from coursekit.scaling import ScalingError
 

@@ -34,7 +34,7 @@ from coursekit.data import load_digits
 from coursekit.distributed import deepspeed_pytorch_ops_only
 from coursekit.localmode import fit_trainer
 from coursekit.models import ViT, accuracy
-from coursekit.planner import StepMeter
+from coursekit.stepmeter import StepMeter
 from coursekit.raysetup import init_ray, storage_path
 from coursekit.runtime import SIZES
 from coursekit.scaling import check_scaling, worker_resources

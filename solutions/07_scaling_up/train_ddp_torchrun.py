@@ -22,7 +22,7 @@ from torch.utils.data.distributed import DistributedSampler
 from coursekit import detect
 from coursekit.data import load_digits
 from coursekit.models import ViT, accuracy
-from coursekit.planner import StepMeter
+from coursekit.stepmeter import StepMeter
 from coursekit.runtime import SIZES
 
 

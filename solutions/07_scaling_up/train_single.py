@@ -3,7 +3,7 @@
     python train_single.py --smoke-test
 
 The other scripts of this folder are this file made distributed; module 07 counts the lines each
-one changes (difflib) and measures all of them the same way (``coursekit.planner.StepMeter``).
+one changes (difflib) and measures all of them the same way (``coursekit.stepmeter.StepMeter``).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from coursekit import detect
 from coursekit.data import load_digits
 from coursekit.models import ViT, accuracy
-from coursekit.planner import StepMeter
+from coursekit.stepmeter import StepMeter
 from coursekit.runtime import SIZES
 
 
