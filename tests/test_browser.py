@@ -400,7 +400,7 @@ def test_module_06_zero_stage_shows_its_memory_and_the_run_config_reads_it(conte
         widget.locator(".widget-checkbox", has_text="offload_optimizer").locator("input").check()
         expect(summary).to_contain_text("the optimizer on the host")
         shot(nb.page, "widget-06")
-        config_cell = nb.run(r"^scaling_config = picker.scaling_config\(\)")   # the cell that builds the config
+        config_cell = nb.run(r"^choice = picker.choice\(\)")   # the cell that builds the config
         nb.ask(config_cell, "print('kernel-side:', config['stage'], config['offload_optimizer'])",
                "kernel-side: 2 True")
     nb.close()
