@@ -4,8 +4,9 @@ None of these can be started here (no cloud, no Kubernetes, no Docker daemon), s
 checked by the validator its tool uses, or by the rules its tool enforces:
 - deploy/cluster.yaml (a template that deploy/up.py renders with the student's COURSE_STORAGE) against
   the JSON schema that Ray ships (what `ray up` validates with), and its storage commands run in a shell;
-- the KubeRay manifests for the fields the RayCluster/RayJob CRDs require and for
-  consistency (volumes that exist, string-valued rayStartParams, the image variant per group, one Ray version);
+- the KubeRay manifests against the OpenAPI schemas of KubeRay's published CRDs (tests/kuberay_crds/, v1.7.0,
+  with jsonschema, unknown fields refused as `kubectl apply --validate=strict` refuses them), and for the course's
+  needs (volumes that exist, the image variant per group, one Ray version, replica bounds that mean something);
 - deploy/Dockerfile with hadolint, and for its base (Ray's own image of the pinned Ray) and variants;
 - binder/ for what repo2docker reads, and for the same pins as requirements.txt.
 Each validator is also shown a broken file, so that a check that cannot fail would be noticed.
@@ -13,10 +14,14 @@ Each validator is also shown a broken file, so that a check that cannot fail wou
 from __future__ import annotations
 
 import copy
+import functools
+import gzip
 import importlib.util
+import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -83,13 +88,74 @@ def test_cluster_config_has_a_gpu_worker_type_a_dashboard_and_the_course_set():
     gpu = [t for t in types.values() if t["resources"].get("GPU", 0) >= 1]
     assert gpu and all(t["max_workers"] <= c["max_workers"] for t in gpu)
     assert any("--dashboard-host=0.0.0.0" in cmd for cmd in c["head_start_ray_commands"])
-    setup = "\n".join(c["setup_commands"])
-    assert "-r ~/ray-train-course/requirements.txt" in setup  # pins ray[default,...]: dashboard, job server
-    assert "requirements-dev" not in setup                      # nodes get the course set, no test tools
-    assert "uninstall -q -y rfc3987-syntax" in setup
-    assert "~/ray-train-course" in [k.replace("/home/ubuntu", "~") for k in c["file_mounts"]]
-    assert c["file_mounts"]["/home/ubuntu/ray-train-course"] == "."
+    head, workers = "\n".join(c["head_setup_commands"]), "\n".join(c["worker_setup_commands"])
+    # requirements.txt pins ray[default,...]: dashboard, job server; the head gets the CPU build of torch
+    assert "pip install -q -r ~/ray-train-course/binder/requirements.txt" in head
+    assert "pip install -q -r ~/ray-train-course/requirements.txt" in workers
+    for setup in (head, workers):
+        assert "requirements-dev" not in setup                  # nodes get the course set, no test tools
+        assert "uninstall -q -y rfc3987-syntax" in setup
+        assert "-e ~/ray-train-course" in setup
+        for ref in re.findall(r"~/ray-train-course/(\S+)", setup):
+            assert (REPO / ref).exists(), f"a setup command installs {ref}, which the repository does not have"
+    assert c["file_mounts"] == {"~/ray-train-course": "."}
     assert "build" in c["rsync_exclude"]                       # the rendered config stays on the laptop
+
+
+def _dockerfile_base() -> tuple[str, set[str]]:
+    """deploy/Dockerfile's base image name (with ${VARIANT} left in) and the variants its header builds."""
+    text = (DEPLOY / "Dockerfile").read_text()
+    base = re.search(r"^FROM (\S+)", text, re.M).group(1)
+    variants = set(re.findall(r"--build-arg VARIANT=(\w+)", text)) | {re.search(r"^ARG VARIANT=(\w+)", text, re.M)[1]}
+    return base, variants
+
+
+def node_image_problems(c: dict) -> list[str]:
+    """What keeps the nodes from running the course: `latest_dlami` is what Ray 2.60 maps to an Ubuntu 18.04
+    deep-learning image (glibc 2.27: no torch 2.14 wheel installs there). The nodes boot AWS's current
+    Ubuntu 22.04 base DLAMI through its public SSM parameter, and everything runs in Ray's image of the
+    pinned versions, the base of deploy/Dockerfile."""
+    problems = []
+    for name, t in c["available_node_types"].items():
+        ami = t["node_config"].get("ImageId", "")
+        if not (ami.startswith("resolve:ssm:/aws/service/deeplearning/ami/x86_64/")
+                and re.search(r"ubuntu-(22|24)\.04/latest/ami-id$", ami)):
+            problems.append(f"{name}: ImageId {ami!r} is not AWS's current Ubuntu 22.04+ base DLAMI parameter")
+        # the containers need the instance profile's credentials (S3 storage, the autoscaler): IMDSv2 via a hop
+        if t["node_config"].get("MetadataOptions", {}).get("HttpPutResponseHopLimit", 1) < 2:
+            problems.append(f"{name}: the containers cannot reach IMDSv2 (HttpPutResponseHopLimit < 2)")
+    base, variants = _dockerfile_base()
+    py = "py%d%d" % sys.version_info[:2]
+    docker = c.get("docker", {})
+    images = {docker.get("head_image"), docker.get("worker_image")}
+    if images != {base.replace("${VARIANT}", "cpu"), base.replace("${VARIANT}", "cu128")}:
+        problems.append(f"images {sorted(map(str, images))} are not deploy/Dockerfile's base in its cpu and cu128 variants")
+    if not all(str(i).startswith(f"rayproject/ray:{ray.__version__}-{py}-") for i in images):
+        problems.append(f"images {sorted(map(str, images))} are not Ray {ray.__version__} on {py}")
+    if "cu128" not in variants:
+        problems.append("deploy/Dockerfile does not describe the cu128 variant the GPU workers run")
+    # in the container: the image's own Python and Ray, no venv of the old host setup
+    commands = [*c["setup_commands"], *c.get("head_setup_commands", []), *c.get("worker_setup_commands", []),
+                *c["head_start_ray_commands"], *c["worker_start_ray_commands"]]
+    problems += [f"a command sets up the host, not the container: {cmd}" for cmd in commands
+                 if "venv" in cmd or "apt-get" in cmd]
+    return problems
+
+
+def test_every_node_boots_a_current_ami_and_runs_rays_image_of_the_pinned_ray_and_python():
+    assert node_image_problems(_cluster()) == []
+
+
+def test_the_node_image_check_rejects_the_old_setup():
+    broken = _cluster()
+    broken["available_node_types"]["gpu_worker"]["node_config"]["ImageId"] = "latest_dlami"
+    del broken["available_node_types"]["head"]["node_config"]["MetadataOptions"]
+    broken["docker"]["worker_image"] = "rayproject/ray:2.50.0-py311-gpu"
+    broken["setup_commands"].append("python3.11 -m venv ~/venv")
+    problems = "\n".join(node_image_problems(broken))
+    for expected in ("gpu_worker: ImageId 'latest_dlami'", "head: the containers cannot reach IMDSv2",
+                     "cpu and cu128 variants", "not Ray", "sets up the host"):
+        assert expected in problems, expected
 
 
 def _storage_commands(config: dict) -> list[str]:
@@ -115,8 +181,6 @@ def _node_env(home: Path) -> str:
 
 
 def test_the_students_storage_reaches_every_node(tmp_path):
-    (tmp_path / "venv" / "bin").mkdir(parents=True)
-    (tmp_path / "venv" / "bin" / "activate").write_text("")
     commands = _storage_commands(_cluster())
     assert len(commands) >= 3 and commands[0].startswith("case ")  # the template check comes first
     assert _run_setup(commands, tmp_path).returncode == 0
@@ -180,21 +244,45 @@ def _docs(name: str) -> list[dict]:
     return [d for d in yaml.safe_load_all((DEPLOY / "kuberay" / name).read_text()) if d]
 
 
+CRDS = Path(__file__).parent / "kuberay_crds"
+
+
+def _strict(schema):
+    """The CRD's schema with unknown fields refused: the API server drops a field it does not know (a typo such as
+    `minReplica` would silently do nothing); `kubectl apply --validate=strict` refuses it, and so does this."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (v if k == "properties" else _strict(v)) for k, v in schema.items()}
+    if "properties" in schema:
+        out["properties"] = {name: _strict(s) for name, s in schema["properties"].items()}
+        if "additionalProperties" not in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+    return out
+
+
+@functools.cache
+def crd_validator(kind: str) -> jsonschema.Draft4Validator:
+    """jsonschema's validator for KubeRay's CRD of ``kind`` (its OpenAPI v3 schema, version ray.io/v1)."""
+    data = json.loads(gzip.decompress((CRDS / f"{kind.lower()}s.json.gz").read_bytes()))
+    assert data["kind"] == kind
+    return jsonschema.Draft4Validator(_strict(data["openAPIV3Schema"]))
+
+
+def schema_problems(doc: dict) -> list[str]:
+    return [f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}"
+            for e in crd_validator(doc["kind"]).iter_errors(doc)]
+
+
 def _group_problems(where: str, group: dict) -> list[str]:
+    """The course's needs of a head or worker group (the CRD's own rules are in schema_problems)."""
     problems = []
-    params = group.get("rayStartParams", {})
-    if not isinstance(params, dict):
-        problems.append(f"{where}.rayStartParams must be a map")
-    else:
-        problems += [f"{where}.rayStartParams.{k} must be a string (the CRD says map of strings), got {v!r}"
-                     for k, v in params.items() if not isinstance(v, str)]
     pod = group.get("template", {}).get("spec")
     if not pod or not pod.get("containers"):
         return problems + [f"{where}.template.spec.containers is required"]
     names = {v["name"] for v in pod.get("volumes", [])}
     for c in pod["containers"]:
-        if not c.get("name") or not c.get("image"):
-            problems.append(f"{where}: every container needs a name and an image")
         image = IMAGES["gpu" if "nvidia.com/gpu" in c.get("resources", {}).get("limits", {}) else "cpu"]
         if c.get("image") != image:
             problems.append(f"{where}: image {c.get('image')!r} is not the course image {image}")
@@ -211,7 +299,7 @@ def _group_problems(where: str, group: dict) -> list[str]:
 
 
 def raycluster_spec_problems(spec: dict, where: str = "spec") -> list[str]:
-    """What the RayCluster CRD (ray.io/v1) and the course require of a cluster spec."""
+    """What the course requires of a RayCluster spec, beyond the CRD's schema."""
     problems = []
     if spec.get("rayVersion") != ray.__version__:
         problems.append(f"{where}.rayVersion must be {ray.__version__} (the image's Ray)")
@@ -224,10 +312,11 @@ def raycluster_spec_problems(spec: dict, where: str = "spec") -> list[str]:
         problems.append(f"{where}.workerGroupSpecs: no workers to train on")
     for i, g in enumerate(groups):
         w = f"{where}.workerGroupSpecs[{i}]"
-        if not g.get("groupName"):
-            problems.append(f"{w}.groupName is required")
         if not (g.get("minReplicas", 0) <= g.get("replicas", 0) <= g.get("maxReplicas", 2**31)):
             problems.append(f"{w}: minReplicas <= replicas <= maxReplicas does not hold")
+        if g.get("minReplicas", 0) != g.get("maxReplicas", 2**31) and not spec.get("enableInTreeAutoscaling"):
+            problems.append(f"{w}: minReplicas/maxReplicas do nothing without enableInTreeAutoscaling: true "
+                            "(enable it, or give the group a fixed size)")
         problems += _group_problems(w, g)
         limits = [c.get("resources", {}).get("limits", {}) for c in g["template"]["spec"]["containers"]]
         if not any("nvidia.com/gpu" in lim for lim in limits):
@@ -238,19 +327,21 @@ def raycluster_spec_problems(spec: dict, where: str = "spec") -> list[str]:
 def manifest_problems(doc: dict) -> list[str]:
     if doc.get("apiVersion") != "ray.io/v1":
         return [f"apiVersion must be ray.io/v1, got {doc.get('apiVersion')!r}"]
+    if doc.get("kind") not in ("RayCluster", "RayJob"):
+        return [f"unexpected kind {doc.get('kind')!r}"]
+    problems = schema_problems(doc)
     if not doc.get("metadata", {}).get("name"):
-        return ["metadata.name is required"]
+        problems.append("metadata.name is required")
+    spec = doc.get("spec", {})
     if doc["kind"] == "RayCluster":
-        return raycluster_spec_problems(doc.get("spec", {}))
-    if doc["kind"] == "RayJob":
-        spec = doc.get("spec", {})
-        problems = [] if spec.get("entrypoint") else ["spec.entrypoint is required"]
-        if "rayClusterSpec" not in spec and "clusterSelector" not in spec:
-            problems.append("spec needs rayClusterSpec or clusterSelector")
-        if "rayClusterSpec" in spec:
-            problems += raycluster_spec_problems(spec["rayClusterSpec"], "spec.rayClusterSpec")
-        return problems
-    return [f"unexpected kind {doc.get('kind')!r}"]
+        return problems + raycluster_spec_problems(spec)
+    if not spec.get("entrypoint"):
+        problems.append("spec.entrypoint is required")
+    if "rayClusterSpec" not in spec and "clusterSelector" not in spec:
+        problems.append("spec needs rayClusterSpec or clusterSelector")
+    if "rayClusterSpec" in spec:
+        problems += raycluster_spec_problems(spec["rayClusterSpec"], "spec.rayClusterSpec")
+    return problems
 
 
 @pytest.mark.parametrize("name", ["raycluster.yaml", "rayjob.yaml"])
@@ -266,9 +357,29 @@ def test_kuberay_checks_catch_the_usual_mistakes():
     broken["spec"]["workerGroupSpecs"][0]["template"]["spec"]["volumes"] = []      # mount without volume
     broken["spec"]["workerGroupSpecs"][0]["minReplicas"] = 5                       # min > replicas
     broken["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"] = IMAGES["cpu"]
+    broken["spec"]["workerGroupSpecs"][0]["maxReplica"] = 8                        # a typo the server would drop
+    broken["spec"]["autoscalerOptions"]["upscalingMode"] = "Fast"                  # not one of the CRD's values
     problems = "\n".join(manifest_problems(broken))
-    assert "must be a string" in problems and "has no volume" in problems and "minReplicas" in problems
+    assert "0 is not of type 'string'" in problems and "has no volume" in problems and "minReplicas" in problems
     assert f"is not the course image {IMAGES['gpu']}" in problems                  # GPU pods, CPU image
+    assert "'maxReplica' was unexpected" in problems and "'Fast' is not one of" in problems
+    del broken["spec"]["workerGroupSpecs"][0]["groupName"]                         # required by the CRD
+    assert "'groupName' is a required property" in "\n".join(manifest_problems(broken))
+    fixed = copy.deepcopy(doc)                                                     # bounds without the autoscaler
+    del fixed["spec"]["enableInTreeAutoscaling"], fixed["spec"]["autoscalerOptions"]
+    assert any("do nothing without enableInTreeAutoscaling" in p for p in manifest_problems(fixed))
+
+
+def test_the_interactive_cluster_autoscales_and_the_job_has_a_fixed_size():
+    (cluster,) = _docs("raycluster.yaml")
+    assert cluster["spec"]["enableInTreeAutoscaling"] is True
+    (group,) = cluster["spec"]["workerGroupSpecs"]
+    assert group["minReplicas"] == 0 < group["maxReplicas"]                        # no idle GPU pods
+    (job,) = _docs("rayjob.yaml")
+    (group,) = job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert group["minReplicas"] == group["replicas"] == group["maxReplicas"]
+    workers = re.search(r"--num-workers (\d+)", job["spec"]["entrypoint"])[1]
+    assert int(workers) <= group["replicas"], "the job asks for more GPU workers than its cluster has"
 
 
 def test_the_shared_volume_claim_is_the_one_the_pods_mount():
