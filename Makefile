@@ -2,7 +2,9 @@
 # requirements: `make lab` installs the course set (requirements.txt); the test, grading and
 # instructor commands add the test and lint tools (requirements-dev.txt) on top.
 #
-#   make lab          JupyterLab on course/ (students)
+#   make lab          JupyterLab on course/, as students see it (Validate and the Assignment List; no instructor tools)
+#   make lab-instructor  JupyterLab on the repository root with nbgrader's instructor tools (Formgrader, Create
+#                     Assignment, Course List), which see the course through ./nbgrader_config.py
 #   make test         the linter and the whole test suite (CI runs this)
 #   make test-fast    the linter and the tests not marked slow: the development loop (no notebooks, Ray runs,
 #                     grading runs or servers; a few minutes)
@@ -29,8 +31,11 @@ SUBMISSIONS ?= submissions
 LAB_ARGS ?=
 # JupyterLab refuses to run as root unless told; containers and CI machines often are root.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
+# the student's view (coursekit/student_view/README.md): put first on Jupyter's config path, before any the caller set
+HERE := $(dir $(abspath $(lastword $(MAKEFILE_LIST))))
+STUDENT_VIEW := JUPYTER_CONFIG_PATH=$(HERE)coursekit/student_view$(if $(JUPYTER_CONFIG_PATH),:$(JUPYTER_CONFIG_PATH))
 
-.PHONY: jail browser lint lab test test-fast course assignments grade release bench mutants venv clean
+.PHONY: jail browser lint lab lab-instructor test test-fast course assignments grade release bench mutants venv clean
 
 venv: $(STAMP)
 
@@ -73,7 +78,10 @@ lint: $(DEV_STAMP)
 	$(PY) -m ruff check --quiet .
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=course $(ROOT_ARGS) $(LAB_ARGS)
+	$(STUDENT_VIEW) $(VENV)/bin/jupyter lab --notebook-dir=course $(ROOT_ARGS) $(LAB_ARGS)
+
+lab-instructor: $(STAMP)
+	$(VENV)/bin/jupyter lab --notebook-dir=. $(ROOT_ARGS) $(LAB_ARGS)
 
 test: jail browser lint
 	$(PY) -m pytest tests --durations=25

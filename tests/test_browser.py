@@ -4,7 +4,8 @@
 driven by Playwright for Python, opens module 02, checks that its diagram is drawn, runs its cells up to the ScalingConfig
 widget, moves the workers slider and checks that the kernel-side ScalingConfig follows. Then, for modules 03, 04, 06
 and 07, it runs the cells each module's widget needs, moves a control, checks what the widget shows and what the
-kernel reads. Last it opens nbgrader's Assignment List and Formgrader panels. Screenshots go to build/browser/.
+kernel reads. Last it opens nbgrader's Assignment List as a student, who has no instructor tools, and the Formgrader
+in `make lab-instructor`. Screenshots go to build/browser/.
 
 `make browser` (run by `make test`) installs what it needs: Playwright from tests/browser/requirements.txt into
 the venv and Debian's Chromium with apt-get (when /usr/bin/chromium is missing); `playwright install` (Playwright's
@@ -114,25 +115,18 @@ def _stop(proc, get) -> None:
     stop_process_group(proc)
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """`make lab` on a fresh copy of course/ (running cells must not write into course/)."""
-    work = tmp_path_factory.mktemp("browser_lab")
-    for name in (".venv", "requirements.txt", "pyproject.toml"):    # what `make lab` checks
-        (work / name).symlink_to(REPO / name)
-    course = work / "course"
-    shutil.copytree(REPO / "course", course, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-    config = _grading_setup(work, course)
+def _serve(work: Path, config: Path, target: str, root: Path):
+    """`make TARGET` (lab or lab-instructor) headless in ``work``; yields what the tests need, then stops it."""
     port, token = free_port(), "course-browser-token"
     env = {**os.environ, "COURSE_SIZE": "smoke",
            "LAB_ARGS": f"--no-browser --port={port} --IdentityProvider.token={token} "
                        "--ServerApp.open_browser=False",
            "JUPYTER_CONFIG_PATH": str(config),
            "JUPYTERLAB_SETTINGS_DIR": str(_lab_settings(work)),
-           "JUPYTERLAB_WORKSPACES_DIR": str(work / "workspaces")}
-    log = work / "lab.log"
+           "JUPYTERLAB_WORKSPACES_DIR": str(work / f"workspaces-{target}")}
+    log = work / f"{target}.log"
     with log.open("wb") as out:                  # a file, not a pipe: a long session must not block on it
-        proc = subprocess.Popen(["make", "-f", str(REPO / "Makefile"), "lab"], cwd=work, env=env,
+        proc = subprocess.Popen(["make", "-f", str(REPO / "Makefile"), target], cwd=work, env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     proc.stdout = log.open("rb")                 # wait_for_server shows the server's output from here
     base = f"http://127.0.0.1:{port}"
@@ -143,11 +137,36 @@ def lab(tmp_path_factory):
             return r.read().decode()
 
     t0 = time.time()
-    wait_for_server(get, proc, "JupyterLab (make lab)", lambda p: _stop(p, get), timeout_s=180)
-    print(f"\nmake lab answered in {time.time() - t0:.0f} s")
-    yield SimpleNamespace(base=base, token=token, get=get, course=course, log=log)
+    wait_for_server(get, proc, f"JupyterLab (make {target})", lambda p: _stop(p, get), timeout_s=180)
+    print(f"\nmake {target} answered in {time.time() - t0:.0f} s")
+    yield SimpleNamespace(base=base, token=token, get=get, course=root / "course", log=log)
     _stop(proc, get)
     proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def lab_work(tmp_path_factory):
+    """A fresh copy of course/ (running cells must not write into course/), with the instructor's nbgrader set-up."""
+    work = tmp_path_factory.mktemp("browser_lab")
+    for name in (".venv", "requirements.txt", "pyproject.toml"):    # what `make lab` checks
+        (work / name).symlink_to(REPO / name)
+    course = work / "course"
+    shutil.copytree(REPO / "course", course, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    return work, _grading_setup(work, course)
+
+
+@pytest.fixture(scope="module")
+def lab(lab_work):
+    """`make lab`: the student's JupyterLab on the copy of course/."""
+    work, config = lab_work
+    yield from _serve(work, config, "lab", work)
+
+
+@pytest.fixture(scope="module")
+def instructor_lab(lab_work):
+    """`make lab-instructor`: the same folder with nbgrader's instructor tools."""
+    work, config = lab_work
+    yield from _serve(work, config, "lab-instructor", work)
 
 
 @pytest.fixture(scope="module")
@@ -442,20 +461,39 @@ def _menu(page, menu: str, item: str) -> None:
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(rf"^{item}$")).click()
 
 
-def test_nbgrader_assignment_list_and_formgrader_load_for_the_instructor(context, lab):
+def test_students_get_the_assignment_list_and_no_instructor_tools(context, lab):
     from playwright.sync_api import expect
 
     page = open_lab(context, lab)
-    with screenshot_on_failure(page, "nbgrader"):
-        _menu(page, "Nbgrader", "Assignment List")
+    with screenshot_on_failure(page, "nbgrader-student"):
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Nbgrader$")).click()
+        items = page.locator(".lm-Menu-itemLabel")
+        expect(items.filter(has_text=re.compile(r"^Assignment List$"))).to_have_count(1)
+        for tool in ("Formgrader", "Course List", "Create assignment"):
+            expect(items.filter(has_text=re.compile(rf"^{tool}$"))).to_have_count(0)
+        items.filter(has_text=re.compile(r"^Assignment List$")).click()
         panel = page.locator("#nbgrader-assignment-list")
-        released = panel.locator("#released_assignments_list")
-        expect(released).to_contain_text(MODULE, timeout=60_000)     # released to the exchange: fetchable
+        expect(panel.locator("#released_assignments_list")).to_contain_text(MODULE, timeout=60_000)
         expect(panel.locator("#released_assignments_list_error")).to_be_hidden()
         expect(panel.locator("#fetched_assignments_list_error")).to_be_hidden()
         expect(panel.locator("#submitted_assignments_list_error")).to_be_hidden()
+        # no Create Assignment sidebar, no news prompt
+        expect(page.locator("#nbgrader-create_assignemnt")).to_have_count(0)
+        expect(page.get_by_text("official Jupyter news")).to_have_count(0)
         shot(page, "assignment-list")
+    page.close()
 
+
+def test_formgrader_loads_for_the_instructor(browser, instructor_lab):
+    from playwright.sync_api import expect
+
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    ctx.set_default_timeout(60_000)
+    page = ctx.new_page()
+    page.goto(f"{instructor_lab.base}/lab?token={instructor_lab.token}")
+    page.locator("#jp-main-statusbar").wait_for()
+    with screenshot_on_failure(page, "nbgrader-instructor"):
+        expect(page.locator("#nbgrader-create_assignemnt")).to_have_count(1)   # the Create Assignment sidebar
         _menu(page, "Nbgrader", "Formgrader")
         frame = page.frame_locator("#formgrader-iframe iframe")
         expect(frame.locator("body")).to_contain_text("Manage Assignments", timeout=60_000)
@@ -464,4 +502,4 @@ def test_nbgrader_assignment_list_and_formgrader_load_for_the_instructor(context
         # formgrader's error page (e.g. a course root outside the lab's root) says "encountered an error"
         expect(frame.locator("body")).not_to_contain_text("encountered an error", use_inner_text=True)
         shot(page, "formgrader")
-    page.close()
+    ctx.close()

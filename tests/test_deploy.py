@@ -479,6 +479,9 @@ def test_binder_registers_the_course_kernel_and_starts_in_binder_mode():
     # `start` wraps JupyterLab: what it exports is what the kernels see
     env = subprocess.run(["bash", str(BINDER / "start"), "env"], capture_output=True, text=True, check=True).stdout
     assert "COURSE_PLATFORM=binder" in env
+    # a student's JupyterLab (tests/test_lab.py serves it through `make lab`)
+    path = re.search(r"^JUPYTER_CONFIG_PATH=(.*)$", env, re.M)[1].split(":")
+    assert Path(path[0]) == REPO / "coursekit" / "student_view" and (Path(path[0]) / "labconfig").is_dir()
     from coursekit.runtime import detect
     rt = detect({"COURSE_PLATFORM": "binder", "CUDA_VISIBLE_DEVICES": ""})
     assert rt.platform == "binder" and rt.lean and rt.default_workers == 2
