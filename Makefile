@@ -17,6 +17,9 @@
 #   make release      the student-only copy in build/student-release, checked for answers and hidden tests
 #                     (THROUGH=03_ray_data: modules 01-03 only, for a class that opens one module at a time)
 #   make bench        the performance harness -> bench/results.json, bench/RESULTS.md (long: run it alone on a quiet machine)
+#   make gpu-check    on a GPU machine: every notebook at the gpu size (short schedule), 07's FSDP2/ZeRO-3 scripts
+#                     in bf16, NCCL on a CUDA mesh and grading of the reference, within 8 minutes; the report into
+#                     build/gpu_check and the bench's gpu section (exit 2 without CUDA; GPU_CHECK_ARGS=--dry-run: the plan)
 #   make mutants      mutation testing of the grader's checks (MODULE=05_fsdp2: one module; default all, hours):
 #                     per exercise, the share of its reference answer's mutants caught -> the bench's mutants section
 
@@ -35,7 +38,7 @@ ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 HERE := $(dir $(abspath $(lastword $(MAKEFILE_LIST))))
 STUDENT_VIEW := JUPYTER_CONFIG_PATH=$(HERE)coursekit/student_view$(if $(JUPYTER_CONFIG_PATH),:$(JUPYTER_CONFIG_PATH))
 
-.PHONY: jail browser lint lab lab-instructor test test-fast course assignments grade release bench mutants venv clean
+.PHONY: jail browser lint lab lab-instructor gpu-check test test-fast course assignments grade release bench mutants venv clean
 
 venv: $(STAMP)
 
@@ -103,6 +106,9 @@ release: $(DEV_STAMP)
 
 bench: jail
 	$(PY) -m bench
+
+gpu-check: jail
+	$(PY) -m bench.gpu_check $(GPU_CHECK_ARGS)
 
 mutants: jail
 	$(PY) -m bench --only mutants $(if $(MODULE),--modules $(MODULE))

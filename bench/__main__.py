@@ -14,6 +14,8 @@ from pathlib import Path
 from bench.report import REPO, figure, machine, markdown
 
 SECTIONS = ["notebooks", "fit_cost", "throughput", "data", "grading", "memory", "mutants"]
+# measured only when asked for (--only): the GPU check needs a GPU machine (make gpu-check)
+OPTIONAL = ["gpu"]
 
 # Targets: what the course promises (README, `make bench`); RESULTS.md sets each figure against its target
 COURSE_WALL_S = 600          # every notebook, CPU mode, in at most 10 minutes
@@ -377,8 +379,14 @@ def _kept(path: Path, fresh: dict) -> dict:
     return old if old.get("mode") == fresh["mode"] and "sections" in old else fresh
 
 
+def gpu(ctx: dict) -> dict:
+    from bench.gpu_check import gpu_section
+
+    return gpu_section(ctx)
+
+
 FUNCS = {"notebooks": notebooks, "fit_cost": fit_cost, "throughput": throughput, "data": data,
-         "grading": grading, "memory": memory, "mutants": mutants}
+         "grading": grading, "memory": memory, "mutants": mutants, "gpu": gpu}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -393,9 +401,15 @@ def main(argv: list[str] | None = None) -> int:
                    "instead of running them again")
     args = p.parse_args(argv)
     chosen = args.only.split(",") if args.only else SECTIONS
-    unknown = set(chosen) - set(SECTIONS)
+    unknown = set(chosen) - set(SECTIONS) - set(OPTIONAL)
     if unknown:
-        p.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
+        p.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS + OPTIONAL)}")
+    if "gpu" in chosen:
+        from bench.gpu_check import NO_CUDA, cuda_available
+
+        if not cuda_available():                  # before anything is written: results.json keeps its figures
+            print(NO_CUDA, file=sys.stderr)
+            return 2
     out = args.out.resolve()
     work = out / "work" if out != REPO / "bench" else REPO / "build" / "bench"
     shutil.rmtree(work, ignore_errors=True)

@@ -107,6 +107,7 @@ TITLES = {
     "grading": "5. Grading seconds per submission per module",
     "memory": "6. Per-rank model-state memory vs coursekit.planner.predict",
     "mutants": "7. Mutation testing of the grader's checks: the share of each exercise's mutants caught",
+    "gpu": "8. The GPU path (make gpu-check): notebooks at the gpu size, 07's scripts in bf16, NCCL, grading",
 }
 
 

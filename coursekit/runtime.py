@@ -13,6 +13,8 @@ reads those about the machine and where files go:
 ``COURSE_STORAGE``   where Ray Train writes results and checkpoints
 ``COURSE_DATA``      where datasets are cached
 ``COURSE_GRADING``   set by the autograder: smallest sizes, no downloads
+``COURSE_SCHEDULE``  ``short``: the size profile's models and batches with fewer samples, epochs and trials
+                     (``SHORT_SCHEDULE``; ``make gpu-check`` runs the notebooks at the gpu size this way)
 ``COURSE_LOCAL_MODE`` ``1``/``0``: run Ray Train fits in local mode on forked ranks or in a Ray
                      worker group (default: local mode on Binder and below ``RAY_TRAIN_MIN_GIB``)
 
@@ -70,6 +72,9 @@ SIZES: dict[str, dict[str, int | str]] = {
 # and Adam (about 250 MiB of model state per rank, and torchvision) it held 86% of the notebook's memory limit.
 # The small CNN of module 01's exercises leaves a student room for cells of their own (tests/test_notebooks.py).
 SMALL_MACHINE_SIZES: dict[str, int | str] = dict(multinode_model="small_cnn")
+# COURSE_SCHEDULE=short: the same models, widths and batches, a shorter schedule (at most these many samples,
+# epochs and trials): every code path of a profile in minutes (bench/gpu_check.py, at the gpu size).
+SHORT_SCHEDULE: dict[str, int] = dict(train_samples=16384, test_samples=2048, epochs=2, tune_trials=2)
 
 
 def _truthy(value: str | None) -> bool:
@@ -207,6 +212,7 @@ class Runtime:
     ray_address: str | None  # an existing Ray cluster to join, or None to start one
     grading: bool = False
     local_mode: bool = False  # Ray Train fits run in local mode on forked ranks; no Ray is started
+    short: bool = False       # COURSE_SCHEDULE=short: SHORT_SCHEDULE caps the profile's samples, epochs, trials
 
     @property
     def use_gpu(self) -> bool:
@@ -225,7 +231,10 @@ class Runtime:
     def sizes(self) -> dict[str, int | str]:
         """The size profile's values; on a CPU machine of Binder's size, with SMALL_MACHINE_SIZES's changes."""
         small = not self.use_gpu and (self.platform == "binder" or self.memory_gib < RAY_TRAIN_MIN_GIB)
-        return {**SIZES[self.size], **(SMALL_MACHINE_SIZES if small else {})}
+        sizes = {**SIZES[self.size], **(SMALL_MACHINE_SIZES if small else {})}
+        if self.short:
+            sizes.update({k: min(int(sizes[k]), v) for k, v in SHORT_SCHEDULE.items()})
+        return sizes
 
     @property
     def default_workers(self) -> int:
@@ -348,6 +357,10 @@ def detect(env: dict | None = None, cwd: str | os.PathLike | None = None) -> Run
         storage.parent / "data" if platform == "anyscale" and storage is not None else own_data
     )
 
+    schedule = env.get("COURSE_SCHEDULE") or "full"
+    if schedule not in ("full", "short"):
+        raise ValueError(f"COURSE_SCHEDULE={schedule!r} is not one of full, short")
+
     ray_address = env.get("RAY_ADDRESS") or ("auto" if platform == "anyscale" else None)
     if env.get("COURSE_LOCAL_MODE"):
         local_mode = _truthy(env["COURSE_LOCAL_MODE"])
@@ -364,4 +377,5 @@ def detect(env: dict | None = None, cwd: str | os.PathLike | None = None) -> Run
         ray_address=ray_address,
         grading=grading,
         local_mode=local_mode,
+        short=schedule == "short",
     )
