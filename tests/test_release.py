@@ -105,6 +105,38 @@ def test_each_module_states_the_students_time_and_the_machines():
         assert (exercises, questions) == (len(answers) - len(concept), len(concept)), module
 
 
+MARKDOWN_MAIN_MAX, MAIN_PATH_MAX = 4500, 9000
+# Over the bounds today, each with what brings it under (issue 39); an entry that no longer exceeds fails below, so
+# the list only shrinks. Measured 2026-11-29 (course/): 05 8,105 words of markdown on the main path and 15,021 in
+# all; 06 4,932 and 9,943.
+OVER_BOUNDS = {"05_fsdp2": "one notebook for two sittings: the split into the FSDP2 core and a second graded notebook "
+                           "(HSDP, TP, activation checkpointing, prefetching) is not done",
+               "06_deepspeed": "its test cells' fixtures (1,700 words of visible code) belong in coursekit"}
+
+
+def main_path_words(nb) -> tuple[int, int]:
+    """(markdown words outside folded <details> blocks, those plus the words of the code cells a student sees
+    unfolded): what a student reads on the way through the notebook."""
+    markdown = sum(len(re.sub(r"<details>.*?</details>", " ", c.source, flags=re.S).split())
+                   for c in nb.cells if c.cell_type == "markdown")
+    code = sum(len(c.source.split()) for c in nb.cells
+               if c.cell_type == "code" and not c.metadata.get("jupyter", {}).get("source_hidden"))
+    return markdown, markdown + code
+
+
+@pytest.mark.parametrize("module", modules())
+def test_each_notebook_is_finishable_in_a_sitting(module):
+    """At most 4,500 words of markdown and 9,000 in all (markdown and the code a student sees) on the main path of
+    each released notebook, folded blocks left out."""
+    markdown, total = main_path_words(nbformat.read(REPO / "course" / module / f"{module}.ipynb", as_version=4))
+    over = markdown > MARKDOWN_MAIN_MAX or total > MAIN_PATH_MAX
+    if module in OVER_BOUNDS:
+        assert over, f"{module} is within the bounds now ({markdown}, {total} words): remove it from OVER_BOUNDS"
+        pytest.xfail(f"{module}: {markdown} words of markdown, {total} on the main path: {OVER_BOUNDS[module]}")
+    assert markdown <= MARKDOWN_MAIN_MAX, f"{module}: {markdown} words of markdown on the main path (fold or cut)"
+    assert total <= MAIN_PATH_MAX, f"{module}: {total} words on the main path, markdown and visible code"
+
+
 def test_every_module_shows_its_figures_and_each_is_clean_svg_source():
     """Each module's diagrams (``figures/*.svg``, kept as SVG source) are shown by its notebook, with a title and a
     description for screen readers, and draw nothing from outside the file."""
