@@ -106,6 +106,34 @@ def test_step_meter_counts_steady_state_steps_and_state():
         StepMeter(warmup=0)
 
 
+def test_step_meter_measures_the_peak_of_the_timed_steps():
+    """The resident peak of the timed steps, beside the counts: a step that briefly holds 64 MiB more raises it by
+    at least that much, a later quiet run of the same meter does not carry it over (the mark is reset)."""
+    from coursekit.memory import rss_follows_tensors
+
+    rss_follows_tensors()
+    model = torch.nn.Linear(10, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def run(spike: bool) -> int:
+        meter = StepMeter(warmup=1, steps=2)       # tick 2 starts the timed steps, tick 4 ends them
+        for step in range(4):
+            model(torch.randn(4, 10)).sum().backward()
+            if spike and step == 2:
+                held = torch.ones(2**24)            # 64 MiB, alive for a moment inside a timed step
+                del held
+            meter.tick(model, optimizer, 4)
+            optimizer.step()
+        memory = meter.results()["memory"]
+        assert memory["peak_kind"] == "rss" and memory["peak_bytes"] > 0
+        return memory["peak_bytes"]
+
+    quiet = run(False)
+    spiked = run(True)
+    assert spiked - quiet >= 60 * 2**20, (quiet, spiked)
+    assert run(False) < spiked - 60 * 2**20
+
+
 # --- the prediction against two real ranks ------------------------------------------------
 
 def _measure(rank, world_size, strategy):
