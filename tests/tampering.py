@@ -61,7 +61,7 @@ _c.letters.__code__ = (lambda answer: frozenset("a")).__code__
     # forging the evidence: every cell's data handed in from the answer cell, with every letter
     "forge_evidence": '''
 import coursekit.evidence as _e
-for _gid in ("test_concept_ddp_broadcast", "test_concept_sampler_seed", "test_concept_equal_shards",
+for _gid in ("test_concept_ddp_start", "test_concept_sampler_seed", "test_concept_equal_shards",
              "test_concept_rank0_save"):
     _e.hand_in(_gid, answer="a b c d")
 _e.hand_in.__code__ = (lambda grade_id, **data: None).__code__

@@ -10,7 +10,7 @@ from coursekit.testing.concepts import answer_problem, check_concept
 
 KEYS: dict[str, dict[str, tuple[str, str, bool]]] = {
     '01_ddp_pytorch': {
-        'test_concept_ddp_broadcast': ('b', (
+        'test_concept_ddp_start': ('b', (
             "DDP's constructor broadcasts rank 0's parameters and buffers to every rank, so both ranks print rank "
             "0's sum after DDP(model). DDP never averages weights (it averages gradients, during backward), and "
             'it does not refuse replicas that differ: it makes them equal.'), False),

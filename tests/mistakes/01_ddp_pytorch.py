@@ -337,6 +337,6 @@ def save_checkpoint(ddp_model, optimizer, epoch, path):
     written = [str(path) if rank == 0 else None]
     torch.distributed.broadcast_object_list(written, src=0)   # every rank hears from rank 0 once it is written
 ''',
-    "concept_ddp_broadcast": 'CONCEPT_DDP_BROADCAST = "B"',
+    "concept_ddp_start": 'CONCEPT_DDP_START = "B"',
     "concept_sampler_seed": "CONCEPT_SAMPLER_SEED = ' b '",
 }
