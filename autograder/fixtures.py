@@ -22,9 +22,10 @@ import sys
 from pathlib import Path
 
 from autograder.paths import SOLUTIONS
+from coursekit.exercise_checks.fsdp import fixture_name as checkpoint_name
+from coursekit.faults.checkpoints import SHIPPED_METADATA as METADATA
 
 FIXTURES = SOLUTIONS / "05_fsdp2" / "fixtures"
-METADATA = "dcp.metadata"      # DCP's .metadata under a name nbgrader releases
 
 
 def checkpoint_cases() -> list[tuple[int, int]]:
@@ -34,10 +35,6 @@ def checkpoint_cases() -> list[tuple[int, int]]:
     cases = [(fsdp05.VISIBLE_RESTORE[0], fsdp05.VISIBLE_RESTORE[2])]
     cases += [(saved, epoch) for saved, _, epoch in fsdp05.ASKED["test_restore_checkpoint"]]
     return list(dict.fromkeys(cases))
-
-
-def checkpoint_name(saved_ranks: int, epoch: int) -> str:
-    return f"checkpoint_{saved_ranks}_ranks_epoch_{epoch}"
 
 
 def _save_rank(rank: int, world_size: int, directory: str, epoch: int):

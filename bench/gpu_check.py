@@ -199,8 +199,9 @@ def report(rows: list[dict], total_s: float, out: Path = OUT) -> dict:
                       "module 07's FSDP2 and ZeRO-3 scripts in bf16, NCCL on a CUDA mesh and grading of the "
                       f"reference, {SLOTS} tasks at a time within {DEADLINE_S} s. A task that did not pass has no "
                       "value (its row says why)."}
-    if facts:
-        section["notes"] = [f"{k}: {v}" for k, v in facts.items()]
+    failed = [r["task"] for r in rows if r["verdict"] != "passed"]
+    section["notes"] = ([f"did not pass: {', '.join(failed)} (logs in build/gpu_check/)"] if failed else []) + \
+        [f"{k}: {v}" for k, v in (facts or {}).items()]
     (out / "report.json").write_text(json.dumps({"total_s": total_s, **section}, indent=1, default=str))
     (out / "report.md").write_text("\n".join(["# GPU check", "", *table, "", *section.get("notes", [])]) + "\n")
     return section
@@ -210,8 +211,10 @@ def _summary(row: dict) -> str:
     m = row.get("measured")
     if not isinstance(m, dict):
         return "-"
-    keys = ("peak_gpu_mib", "gpu_peak_mib", "memory", "samples_per_s", "throughput", "scores", "wall_s",
-            "nccl", "device")
+    keys = ("device", "nccl", "bf16_supported",                   # facts
+            "wall_s", "peak_pss_mib",                               # a notebook's run (coursekit.notebooks.execute)
+            "samples_per_s", "test_accuracy", "memory_by_rank",     # a script's --metrics-out
+            "scores")                                               # grading
     return "; ".join(f"{k}={str(m[k])[:80]}" for k in keys if k in m) or "-"
 
 
@@ -221,11 +224,7 @@ def gpu_section(ctx: dict | None = None) -> dict:
         raise RuntimeError(NO_CUDA)
     t0 = time.monotonic()
     rows = schedule(plan())
-    section = report(rows, round(time.monotonic() - t0, 1))
-    failed = [r["task"] for r in rows if r["verdict"] != "passed"]
-    if failed:
-        section["notes"] = [f"did not pass: {', '.join(failed)} (logs in build/gpu_check/)", *section.get("notes", [])]
-    return section
+    return report(rows, round(time.monotonic() - t0, 1))
 
 
 # ---------------------------------------------------------------- the tasks that are functions of this module

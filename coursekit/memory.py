@@ -306,11 +306,17 @@ class PeakMemory:
     run for the first time), so run a small warm-up through the same code first when a few MiB matter, and call
     :func:`rss_follows_tensors` at the start of the process. On a
     CUDA device it is ``torch.cuda.max_memory_allocated`` (reset on entry) minus the bytes allocated on entry:
-    tensors only. ``bytes`` is None where neither counter exists (CPU on a system without ``/proc``)."""
+    tensors only. ``bytes`` is None where neither counter exists (CPU on a system without ``/proc``).
+
+    ``high`` is the absolute high-water mark of the block: on a CPU the resident set at its highest (the libraries'
+    code and data and the allocator's slack included), on a CUDA device the memory its allocator reserved at most
+    (``high_allocated``: its tensors at most). :meth:`high_water` gives them as plain data."""
 
     def __init__(self, device: str | torch.device = "cpu"):
         self.device = torch.device(device)
         self.bytes: int | None = None
+        self.high: int | None = None
+        self.high_allocated: int | None = None
         self._start: int | None = None
 
     def _cuda(self) -> bool:
@@ -337,10 +343,22 @@ class PeakMemory:
             return
         if self._cuda():
             torch.cuda.synchronize(self.device)
-            self.bytes = int(torch.cuda.max_memory_allocated(self.device)) - self._start
+            self.high_allocated = int(torch.cuda.max_memory_allocated(self.device))
+            self.high = int(torch.cuda.max_memory_reserved(self.device))
+            self.bytes = self.high_allocated - self._start
         else:
             peak = _status_kib("VmHWM")
             self.bytes = None if peak is None else max(peak - self._start, 0) * 1024
+            self.high = None if peak is None else peak * 1024
+
+    def high_water(self) -> dict:
+        """``peak_kind`` ("cuda" or "rss") and ``peak_bytes`` (``high``), with ``peak_allocated`` on a CUDA device;
+        empty where nothing was measured."""
+        if self.high is None:
+            return {}
+        if self._cuda():
+            return {"peak_kind": "cuda", "peak_bytes": self.high, "peak_allocated": self.high_allocated}
+        return {"peak_kind": "rss", "peak_bytes": self.high}
 
 
 @contextlib.contextmanager

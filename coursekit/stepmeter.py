@@ -6,15 +6,15 @@ step): steady-state samples per second over the same steps, and the model-state 
 engine), so that :func:`coursekit.planner.predict` can be checked against a measurement
 (:func:`coursekit.planner.compare`). :func:`saved_activations` measures what a forward pass keeps for the backward
 pass (the meter does it when the forward pass runs inside ``meter.forward()``). Beside those counts of tensors, the
-meter measures what the rank really peaked at over the timed steps (:func:`peak_start`, :func:`peak_read`):
-CUDA's allocator on a GPU, the process's resident set on a CPU.
+meter measures what the rank really peaked at over the timed steps (:class:`coursekit.memory.PeakMemory`'s
+high-water mark): CUDA's allocator on a GPU, the process's resident set on a CPU.
 """
 from __future__ import annotations
 
 import contextlib
 import time
 
-from coursekit.memory import state_bytes
+from coursekit.memory import PeakMemory, state_bytes
 
 
 @contextlib.contextmanager
@@ -62,42 +62,6 @@ def _device_of(model):
     return torch.device("cpu")
 
 
-def peak_start(device) -> None:
-    """Start measuring this process's peak memory on ``device`` from now: CUDA's peak counters reset; on a CPU,
-    freed heap memory handed back to the system and Linux's resident high-water mark reset to the resident set."""
-    import torch
-
-    from coursekit.memory import _trim
-
-    if device.type == "cuda" and torch.cuda.is_available():
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        return
-    _trim()
-    try:
-        with open("/proc/self/clear_refs", "w") as refs:
-            refs.write("5")
-    except OSError:
-        pass
-
-
-def peak_read(device) -> dict:
-    """The peak since :func:`peak_start`: on a GPU ``peak_kind`` "cuda", ``peak_bytes`` CUDA's reserved memory
-    (what the allocator held from the device) and ``peak_allocated`` (its tensors); on a CPU ``peak_kind`` "rss",
-    ``peak_bytes`` the process's resident set at its highest (everything: the libraries' code and data, the
-    allocator's slack, every tensor). Empty where neither counter exists."""
-    import torch
-
-    from coursekit.memory import _status_kib
-
-    if device.type == "cuda" and torch.cuda.is_available():
-        torch.cuda.synchronize(device)
-        return {"peak_kind": "cuda", "peak_bytes": int(torch.cuda.max_memory_reserved(device)),
-                "peak_allocated": int(torch.cuda.max_memory_allocated(device))}
-    hwm = _status_kib("VmHWM")
-    return {} if hwm is None else {"peak_kind": "rss", "peak_bytes": hwm * 1024}
-
-
 # --- measuring, the same way in every script ------------------------------------------------
 
 class StepMeter:
@@ -118,21 +82,21 @@ class StepMeter:
         self.ticks, self.samples, self.start, self.elapsed, self.memory = 0, 0, None, None, None
         self.activations: dict | None = None
         self.peak: dict = {}
-        self._device = None
+        self._peak: PeakMemory | None = None
 
     def tick(self, model, optimizer=None, samples: int = 0) -> None:
         self.ticks += 1
         now = time.perf_counter()
         if self.ticks == self.warmup + 1:
             self.memory = state_bytes(model, optimizer)
-            self._device = _device_of(model)
-            peak_start(self._device)
+            self._peak = PeakMemory(_device_of(model)).__enter__()
             self.start = time.perf_counter()      # counting is not part of a training step
         elif self.start is not None and self.elapsed is None:
             self.samples += samples
             if self.ticks == self.warmup + 1 + self.steps:
                 self.elapsed = now - self.start
-                self.peak = peak_read(self._device)
+                self._peak.__exit__(None, None, None)
+                self.peak = self._peak.high_water()
 
     def forward(self, model=None, samples: int = 0):
         """Wrap the forward pass (the loss included) in it: on the step whose memory the meter counts, it also
@@ -155,7 +119,7 @@ class StepMeter:
     def results(self) -> dict:
         """``samples_per_s`` (whole job), ``step_ms``, ``world_size`` and ``memory`` (this rank's bytes; with
         :meth:`forward`, also the ``activations`` it measured and their ``batch``; and what the rank peaked at over
-        the timed steps, :func:`peak_read`'s ``peak_kind`` and ``peak_bytes``)."""
+        the timed steps, ``PeakMemory.high_water``'s ``peak_kind`` and ``peak_bytes``)."""
         if not self.done:
             raise RuntimeError(f"the meter needs {self.warmup + 1 + self.steps} steps and saw {self.ticks}: "
                                "train longer (more samples or epochs) or measure fewer steps")

@@ -20,6 +20,12 @@ HYBRID = ["(Replicate(), Shard(dim=0))"]          # replicated over the mesh's f
 POS_EMBED_MEAN = 0.005
 
 
+def fixture_name(saved_ranks: int, epoch: int) -> str:
+    """The folder in the module's ``fixtures/`` of the sharded checkpoint that ``saved_ranks`` ranks saved at
+    ``epoch`` (made by the instructors' ``python -m autograder.fixtures``; Exercise 3's check restores it)."""
+    return f"checkpoint_{saved_ranks}_ranks_epoch_{epoch}"
+
+
 def value_of(run: dict | None, what: str):
     """The value of a handed-in ``attempt`` (``{"value", "error"}``), or AssertionError with its error."""
     if not isinstance(run, dict) or ("value" not in run and "error" not in run):

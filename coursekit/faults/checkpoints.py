@@ -2,15 +2,34 @@
 
 :func:`bucket_checkpoint` makes a checkpoint live in an in-memory bucket (as S3 or GCS would hold it), and
 :func:`checkpoints_ray_keeps` asks Ray Train's own checkpoint manager which checkpoints a ``CheckpointConfig``
-keeps.
+keeps. :func:`shipped_checkpoint` unpacks a DCP checkpoint that a module ships as data (module 05's ``fixtures/``).
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
+
+
+# DCP's metadata file (``.metadata``) under the name a module ships it: nbgrader releases no hidden file
+SHIPPED_METADATA = "dcp.metadata"
+
+
+def shipped_checkpoint(folder: str | os.PathLike) -> str:
+    """A temporary copy of the DCP checkpoint shipped in ``folder``, its files named as DCP writes them (the
+    metadata as ``.metadata`` again): a folder ``dcp.load`` reads, which the caller may hand to
+    :func:`bucket_checkpoint`. ``FileNotFoundError`` names the folder when the module's copy lacks it."""
+    folder = Path(folder)
+    if not (folder / SHIPPED_METADATA).is_file():
+        raise FileNotFoundError(f"{folder} is missing: it comes with the module's folder (restore it from the "
+                                "course, or run this notebook from its own folder)")
+    directory = tempfile.mkdtemp()
+    for name in os.listdir(folder):
+        shutil.copyfile(folder / name, Path(directory, ".metadata" if name == SHIPPED_METADATA else name))
+    return directory
 
 
 def bucket_checkpoint(files: dict[str, bytes], name: str | None = None):
