@@ -10,5 +10,6 @@ strings, tensors) and raises ``AssertionError`` with what was expected.
   ``build_tuner``);
 * ``fsdp``: module 05 (``setup_fsdp``, the sharded save, restore and export, ``build_on_meta``, ``shard_hybrid``);
 * ``deepspeed``: module 06 (``build_engine``, ``train_micro_batches``, the checkpoint saved and restored);
+  ``deepspeed_runs``: the runs its test cells hand in (your functions on forked ranks, beside DDP's);
 * ``capstone``: module 07 (the capstone's ``train_func``).
 """

@@ -9,6 +9,8 @@ One job per file; every name is importable from ``coursekit.testing`` as before:
   ``check_concept`` (the grader's check of the letters);
 * ``memory_shards``: ``split_rows``, ``InMemoryShard``, ``simulated_dataset_shard``: a rank's part of
   in-memory columns behind ``ray.train.get_dataset_shard``;
+* ``devices`` (imported from ``coursekit.testing.devices``): ``DeviceTracker``, ``tracking_devices``: where each tensor would live on a GPU worker, followed
+  on a CPU (what would fail there: a collective on a CPU tensor, an operation mixing devices);
 * ``shard_server``: ``ShardServer``, ``served_dataset_shards``: real Ray Data shards served over a local
   socket to ranks that run in other processes.
 """
