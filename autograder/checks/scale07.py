@@ -69,6 +69,23 @@ def memory_budget(data):
     return f"at most {max(sum(r['memory'].values()) for r in run['ranks']):,} bytes of model state per worker"
 
 
+# rank 0 holds the whole model once while it builds (the script's weights, to hand every rank its shards): measured
+# 1.25 x the model for the reference (see capstone.CONSTRUCTION_BOUND); twice the model means a second whole copy
+RANK0_CONSTRUCTION_BOUND = 1.6
+
+
+def built_on_meta(data):
+    run = _run(data)
+    model_bytes = 4 * digitnet_params(CHECK)
+    cap.check_built_on_meta(run, model_bytes)
+    peak = run["ranks"][0]["construction_peak"]
+    assert peak <= RANK0_CONSTRUCTION_BOUND * model_bytes, (
+        f"{cap.where(0)}'s tensors rose by {peak:,} bytes before the first forward pass, {peak / model_bytes:.2f} x the "
+        f"whole model: rank 0 builds the script's weights once to hand them out, and holds no second whole copy")
+    others = max(r["construction_peak"] for r in run["ranks"][1:])
+    return f"ranks 1-3 built with at most {others / model_bytes:.2f} x the whole model's bytes, rank 0 {peak / model_bytes:.2f} x"
+
+
 def _calls(source, name: str):
     """The calls of ``name`` (``torch.device``, ``init_device_mesh``: by its last dotted part) in ``source``."""
     try:
@@ -189,10 +206,12 @@ def one_worker(data):
 
 CHECKS = {"test_train_func_matches_one_process": matches_one_process, "test_train_func_loss": loss,
           "test_train_func_memory_budget": memory_budget, "test_train_func_layers_sharded": layers_sharded,
+          "test_train_func_built_on_meta": built_on_meta,
           "test_train_func_checkpoint": checkpoint, "test_train_func_resume": resume,
           "test_train_func_one_worker": one_worker}
 # the cells whose checks here demand more than the notebook's visible ones (every one: the epochs of every rank, every
-# rank's losses, the optimizer built after sharding, the mesh, the checkpoint read back, the resumed weights)
+# rank's losses, the optimizer built after sharding, the mesh, rank 0's construction, the checkpoint read back, the
+# resumed weights)
 HIDDEN_CHECKS = set(CHECKS)
 # what every submission's checks compare with, computed once by a warm worker before it forks the jobs
 PREPARE = (lambda: reference_capstone(CHECK), lambda: reference_capstone(ONE))

@@ -118,3 +118,25 @@ def check_resumed_epochs(resumed: dict, total_epochs: int) -> None:
         assert epochs(result) == list(range(1, total_epochs)), (
             f"resumed from the checkpoint of epoch 0, {where(rank)} reported the epochs {epochs(result)}: continue "
             "with the epoch after the saved one")
+
+
+# A rank other than 0, from the start of train_func to the model's first forward pass: its live tensors may rise by at
+# most this fraction of the whole model's fp32 bytes. Measured with coursekit.memory.PeakTensorBytes (the CPU
+# allocator's own events: the same figure at any thread count) for the check's DigitNet (596,776 bytes) on 4 ranks:
+# built on the meta device and loaded from rank 0, 0.59 on ranks 1-3 (a quarter of the model, its shards, and the
+# largest whole tensor it receives, the embedding's weight, a third) and 1.25 on rank 0; built whole on every rank,
+# 1.05 on every rank. (Once 0.70 on one rank of the reference, in the notebook's kernel: the bound leaves room.)
+CONSTRUCTION_BOUND = 0.85
+
+
+def check_built_on_meta(run: dict, model_bytes: int) -> None:
+    """No rank but rank 0 held the whole model between the start of train_func and the first forward pass."""
+    for rank, result in enumerate(ran(run)["ranks"]):
+        peak = result.get("construction_peak")
+        assert peak is not None, (f"{where(rank)}: the check saw no forward pass of your DigitNet, so no construction "
+                                  "to measure: build the model with build_net(config) and train it")
+        assert rank == 0 or peak <= CONSTRUCTION_BOUND * model_bytes, (
+            f"{where(rank)}'s tensors rose by {peak:,} bytes before the model's first forward pass, "
+            f"{peak / model_bytes:.2f} x the whole model ({model_bytes:,} bytes): only rank 0 may hold the whole "
+            f"model (at most {CONSTRUCTION_BOUND} x on the others). Build it where nothing is allocated, shard it, "
+            "then allocate and fill only this rank's shards, from the script's weights on rank 0 (module 05, section 9)")

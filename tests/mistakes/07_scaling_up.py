@@ -11,11 +11,15 @@ def train_func(config):
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     device = ray.train.torch.get_device()
-    net = build_net(config).to(device)
+    with torch.device("meta"):
+        net = build_net(config)
     mesh = init_device_mesh(device.type, (world_size,))
     for layer in net.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(net, mesh=mesh)
+    net.to_empty(device=device)
+    start = build_net(config).state_dict() if rank == 0 else {}
+    set_model_state_dict(net, start, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     adamw = torch.optim.AdamW(net.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
     first_epoch = 0
     checkpoint = ray.train.get_checkpoint()
@@ -48,7 +52,8 @@ def train_func(config):
             ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
 '''
 
-CELLS = ("matches_one_process", "loss", "memory_budget", "layers_sharded", "checkpoint", "resume", "one_worker")
+CELLS = ("matches_one_process", "loss", "memory_budget", "layers_sharded", "built_on_meta", "checkpoint", "resume",
+         "one_worker")
 
 
 def _edit(code: str, old: str, new: str) -> str:
@@ -92,7 +97,30 @@ def train_func(config):
                             "epoch": epoch}, os.path.join(folder, "checkpoint.pt"))
                 checkpoint = Checkpoint.from_directory(folder)
             ray.train.report({"epoch": epoch, "loss": (totals[0] / totals[1]).item()}, checkpoint=checkpoint)
-''', "memory_budget", "layers_sharded", "checkpoint", "resume")
+''', "memory_budget", "layers_sharded", "built_on_meta", "checkpoint", "resume")
+# the whole model built on every rank, then sharded (the old capstone's way): trains like the script, within the
+# budget from the first step on, but every rank held the whole model first
+EAGER_BUILD = _keeps(_edit(_edit(_PORT, '''    with torch.device("meta"):
+        net = build_net(config)
+''', "    net = build_net(config).to(device)\n"), '''    net.to_empty(device=device)
+    start = build_net(config).state_dict() if rank == 0 else {}
+    set_model_state_dict(net, start, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+''', ""), "built_on_meta")
+# built on the meta device, but every rank builds the script's whole model to load its shards from: no rank 0 to
+# hand them out, so every rank holds the whole model once
+EVERY_RANK_BUILDS = _keeps(_edit(_PORT, '''    start = build_net(config).state_dict() if rank == 0 else {}
+    set_model_state_dict(net, start, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))''',
+    '''    set_model_state_dict(net, build_net(config).state_dict(), options=StateDictOptions(full_state_dict=True))'''),
+    "built_on_meta")
+# built on the meta device and initialised there with the seed (module 05's fresh build): no rank holds the whole
+# model, but on several ranks the shards are not the script's starting weights (on one worker they are: its shards
+# are the whole tensors, drawn in the script's order)
+FRESH_INIT = _keeps(_edit(_PORT, '''    start = build_net(config).state_dict() if rank == 0 else {}
+    set_model_state_dict(net, start, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))''',
+    '''    torch.manual_seed(config["seed"])
+    for module in net.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()'''), "matches_one_process", "loss", "resume")
 # one fully_shard on the root only: parameters, gradients and AdamW's state are sharded between steps (under the
 # budget), but the forward pass gathers every layer at once
 ROOT_ONLY = _keeps(_edit(_PORT, "    for layer in net.layers:\n        fully_shard(layer, mesh=mesh)\n", ""),
@@ -177,9 +205,13 @@ MORE_WRONG = [
     {"train_func": NO_RESHARD},
     {"train_func": LITERAL_DEVICE},
     {"train_func": RESUME_FROM_PATH},
+    {"train_func": EAGER_BUILD},
+    {"train_func": EVERY_RANK_BUILDS},
+    {"train_func": FRESH_INIT},
 ]
 
-# Correct, written differently from the reference: the sampler's rank and world size from its process group (its
+# Correct, written differently from the reference: the meta build with the rank from torch.distributed and the state
+# dict by keyword, the sampler's rank and world size from its process group (its
 # defaults), the rank and world size from torch.distributed, get_checkpoint imported by name, fully_shard with its
 # default spelled out, the model's and the optimizer's state dicts through their own functions, the loss summed as
 # tensors, a folder from mkdtemp; answers to the questions written with commas and capitals.
@@ -193,11 +225,17 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_o
 def train_func(config):
     world = dist.get_world_size()
     device = ray.train.torch.get_device()
-    model = build_net(config)
+    with torch.device("meta"):
+        model = build_net(config)
     ranks = init_device_mesh(ray.train.torch.get_device().type, mesh_shape=(world,))
     for block in model.layers:
         fully_shard(block, mesh=ranks, reshard_after_forward=True)
     model = fully_shard(model, mesh=ranks)
+    model.to_empty(device=device)
+    full = {} if dist.get_rank() else build_net(config).state_dict()
+    set_model_state_dict(model, model_state_dict=full,
+                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    del full
     optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
     start = 0
     restored = get_checkpoint()
