@@ -73,7 +73,8 @@ def ddp_run(rank, world_size, micro, accumulation, steps, make_optimizer, clip=1
     optimizer = make_optimizer(model.parameters())
     losses = []
     for i, (images, labels) in enumerate(check_batches(rank, world_size, micro, steps * accumulation)):
-        loss = F.cross_entropy(model(images), labels)
+        logits = model(images)
+        loss = F.cross_entropy(logits, labels)
         (loss / accumulation).backward()
         losses.append(loss.item())
         if (i + 1) % accumulation == 0:
@@ -275,7 +276,7 @@ def loaded_on_rank(rank, world_size, train_micro_batches, directory, seed):
     """A new known engine from `seed` (other weights) loads the merged checkpoint with DeepSpeed's own
     load_checkpoint: (its parameters and Adam moments, the epoch in what save_checkpoint wrote beside the model)."""
     quiet_rank()
-    engine = tiny_engine(world_size, seed=seed)
+    engine = tiny_engine(world_size, seed)                     # other weights
     train_step(train_micro_batches, engine, rank, world_size)
     engine.load_checkpoint(directory)                          # the weights and this rank's optimizer partition
     tag = (Path(directory) / "latest").read_text().strip()
