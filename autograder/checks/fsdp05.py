@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from coursekit.exercise_checks import fsdp as checks
 from coursekit.exercise_checks.fsdp import TINY, WORLD_SIZE, PER_NODE, build_vit, max_difference, tensors, value_of
+from coursekit.exercise_checks.fsdp_runs import HYBRID_LAYOUTS, MID, TRAIN_BATCHES, traffic   # the notebook's data
 
 # Tolerance. A sharded run and one process differ only by float32 rounding (the order of the sums). Measured
 # (2026-11-27, this 2-core x86-64 machine; the ranks' kernel run with MKL's default path and MKL_CBWR=COMPATIBLE,
@@ -44,8 +45,6 @@ SAVED_LR = TINY["lr"] / 4          # the restore check's saved run: its lr as a 
 # a rank but 0 held at most 0.29-0.60 x the model's fp32 bytes while a right export gathered (one tensor at a time,
 # dropped after the copy); 1.14-1.16 x in every layout when it kept its own full copy (cpu_offload left out).
 EXPORT_PEAK = 0.85
-MID = dict(depth=6, width=192, heads=4, patch=7, lr=1e-2, seed=5)      # the notebook's checked size
-HYBRID_LAYOUTS = {"2 nodes x 2": (2, 2), "4 nodes x 1": (4, 1)}
 
 
 # ---------------------------------------------------------------- the references, made here
@@ -66,10 +65,7 @@ def _once(key, make):
 
 def train_batches():
     """The notebook's TRAIN_BATCHES: 3 batches of 12 from generator seed 1."""
-    def make():
-        g = torch.Generator().manual_seed(1)
-        return [(torch.randn(12, 1, 28, 28, generator=g), torch.randint(0, 10, (12,), generator=g)) for _ in range(3)]
-    return _once("batches", make)
+    return TRAIN_BATCHES
 
 
 def trained_reference(seed: int, lr: float) -> dict:
@@ -536,13 +532,7 @@ def _hybrid(data):
 
 def _traffic(collectives, ranks_per_node) -> dict:
     """(collective, 'inside a node' or 'across nodes') -> [calls, bytes] from one rank's recorded collectives."""
-    out = {}
-    for name, ranks, size in collectives:
-        where = "inside a node" if len({r // ranks_per_node for r in ranks}) == 1 else "across nodes"
-        entry = out.setdefault((name, where), [0, 0])
-        entry[0] += 1
-        entry[1] += size
-    return out
+    return traffic({"collectives": collectives}, ranks_per_node)
 
 
 def shard_hybrid(data):
