@@ -463,11 +463,15 @@ class Kernel:
 
     def run(self, index: int, source: str | None = None) -> tuple[dict, str | None]:
         """Execute cell ``index`` (with ``source`` instead of its own, if given); return (the cell, its error)."""
-        cell = copy.deepcopy(self.nb.cells[index])
+        original = self.nb.cells[index]
+        cell = copy.deepcopy(original)
         if source is not None:
             cell.source = source
         cell.outputs = []
-        self.client.execute_cell(cell, index)
+        try:
+            self.client.execute_cell(cell, index)
+        finally:           # nbclient stores the executed cell in its notebook: keep the reference's there
+            self.nb.cells[index] = original
         errors = [o for o in cell.outputs if o.get("output_type") == "error"]
         return cell, (f"{errors[-1]['ename']}: {errors[-1]['evalue']}"[:600] if errors else None)
 
@@ -475,8 +479,11 @@ class Kernel:
         """Run ``source`` as a cell of its own (housekeeping); return its error."""
         import nbformat
 
-        cell = nbformat.v4.new_code_cell(source)
-        self.client.execute_cell(cell, 0)
+        cell, first = nbformat.v4.new_code_cell(source), self.nb.cells[0]
+        try:
+            self.client.execute_cell(cell, 0)
+        finally:
+            self.nb.cells[0] = first
         errors = [o for o in cell.outputs if o.get("output_type") == "error"]
         return f"{errors[-1]['ename']}: {errors[-1]['evalue']}" if errors else None
 

@@ -98,3 +98,19 @@ def test_equivalents_are_reviewed_mutants_of_the_references():
             assert row["mutant"] in made[row["exercise"]], (
                 f"{path.name}: the reference of {row['exercise']} no longer makes the mutant {row['mutant']!r}")
             assert len(row["reason"].split()) >= 8, f"{path.name}: say why {row['mutant']!r} computes the same thing"
+
+
+def test_running_a_mutant_leaves_the_reference_in_the_notebook(tmp_path):
+    """nbclient stores each executed cell in its notebook: a mutant (or a housekeeping cell) run there must not
+    replace the reference answer that later exercises replay and the next mutants are made from."""
+    kernel = mt.Kernel("01_ddp_pytorch", tmp_path)
+    index = next(i for i, c in enumerate(kernel.nb.cells) if c.cell_type == "code")
+    before = [(c.cell_type, c.source) for c in kernel.nb.cells]
+    kernel.start()
+    try:
+        cell, error = kernel.run(index, "mutated = 1")
+        assert error is None and cell.source == "mutated = 1"
+        assert kernel.code("assert mutated == 1") is None           # it ran in the kernel ...
+    finally:
+        kernel.stop()
+    assert [(c.cell_type, c.source) for c in kernel.nb.cells] == before   # ... and the notebook is the reference's
