@@ -462,6 +462,7 @@ def build_on_meta(data):
             f"rank {rank}: the nn.Linear weights must come from their reset_parameters() (|w| <= 1/sqrt(fan_in)); "
             f"outside that bound: {facts['linear_over_bound'][:3]}")
         checks.check_meta_probe(r["probe"], rank=rank)
+        checks.check_meta_device(r["probe"], rank=rank)
         for shards, expected, seed in zip(r["probe"]["shards"][::2], fresh_reference()[rank], (0, 1)):
             differ = sorted(k for k in expected if shards.get(k) != expected[k])
             assert not differ, (

@@ -234,6 +234,22 @@ def check_meta_probe(probe: dict, rank: int = 1) -> None:
     check_no_default_mesh(probe["default_meshes"])
 
 
+def check_meta_device(probe: dict, rank: int = 1) -> None:
+    """Handed a GPU worker's device: the shards are allocated on it, and on the CPU only with CPU offload."""
+    runs = probe.get("gpu_worker")
+    assert isinstance(runs, dict), f"rank {rank}: the check handed in no run with a GPU worker's device"
+    plain, offloaded = runs.get("on the device", {}), runs.get("offloaded", {})
+    pinned = [d for d in plain.get("to_empty", []) if d is None or d.startswith("cpu")]
+    assert not pinned, (
+        f"rank {rank}: handed a GPU worker's device (cuda:{rank % 2}) without CPU offload, to_empty allocated the "
+        f"shards on {pinned[0]}: allocate them on `device`, where the model computes")
+    elsewhere = [d for d in offloaded.get("to_empty", []) if d is None or not d.startswith("cpu")]
+    assert not elsewhere, (
+        f"rank {rank}: with a CPUOffloadPolicy in fsdp_kwargs and a GPU worker's device, to_empty allocated the shards "
+        f"on {elsewhere[0]}: offloaded shards live in host memory, to_empty(device=\"cpu\") (FSDP2 refuses them "
+        "anywhere else at the first forward)")
+
+
 def check_meta_sharded_first(probe: dict, rank: int = 1) -> None:
     """fully_shard met only parameters on the meta device: nothing was allocated before it."""
     assert not probe["allocated_before_sharding"], (

@@ -215,6 +215,39 @@ def seeding_probe(build_on_meta) -> dict:
                 allocated_before_sharding=sum(call["allocated"] for call in calls))
 
 
+def to_empty_devices(rank, build_on_meta) -> dict:
+    """build_on_meta handed a GPU worker's device, without and with CPU offload: the devices its to_empty calls name
+    (the mesh and the storage are made on the CPU in their place, so that it runs on this CPU machine). What the
+    function did after a call that this machine cannot make (e.g. moving a tensor to the GPU) is not seen; its error
+    is noted beside the devices."""
+    import torch.distributed.device_mesh as device_mesh_module
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    asked, real_init, real_to_empty = [], device_mesh_module.init_device_mesh, torch.nn.Module.to_empty
+
+    def standin_mesh(device_type, *args, **kwargs):
+        return real_init("cpu", *args, **kwargs)
+
+    def standin_to_empty(module, *, device, recurse=True):
+        asked.append(None if device is None else str(torch.device(device)))
+        return real_to_empty(module, device="cpu", recurse=recurse)
+
+    names = getattr(build_on_meta, "__globals__", {})     # where your function finds init_device_mesh
+    out = {}
+    for case, options in (("on the device", {}), ("offloaded", {"offload_policy": CPUOffloadPolicy()})):
+        asked.clear()
+        try:
+            with mock.patch.object(device_mesh_module, "init_device_mesh", standin_mesh), \
+                    mock.patch.dict(names, init_device_mesh=standin_mesh), \
+                    mock.patch.object(torch.nn.Module, "to_empty", standin_to_empty):
+                build_on_meta(TINY, torch.device("cuda", rank % 2), **options)
+            error = None
+        except Exception as e:   # noqa: BLE001  what this CPU machine cannot do; the devices asked before it count
+            error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        out[case] = {"to_empty": list(asked), "error": error}
+    return out
+
+
 def meta_on_rank(rank, world_size, build_on_meta, weight_files: dict):
     """A warm-up on ``TINY`` (so the peaks measured next are the model's, not code that runs for the first time), the
     seeding probe, then ``build_on_meta`` on ``MID`` the fresh way and the loaded way, each inside ``PeakMemory``; the
@@ -225,6 +258,7 @@ def meta_on_rank(rank, world_size, build_on_meta, weight_files: dict):
         F.cross_entropy(warm(ORACLE_BATCH[0][:2]), ORACLE_BATCH[1][:2]).backward()
         del warm
     probe = seeding_probe(build_on_meta)
+    probe["gpu_worker"] = to_empty_devices(rank, build_on_meta)
     torch.use_deterministic_algorithms(True)         # uninitialised memory is NaN from here on
     try:
         with PeakMemory("cpu") as fresh_peak:
