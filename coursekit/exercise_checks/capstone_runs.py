@@ -21,7 +21,6 @@ import inspect
 import itertools
 import logging
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -342,17 +341,14 @@ def run_port(train_func, model_class: type, world_size: int, local_world_size: i
              resume_from: str | None = None):
     """train_func on `world_size` ranks: a dict with each rank's facts ("ranks") and the final weights, or, when it
     fails, the failure as text."""
-    marks = tempfile.mkdtemp()
     started = time.perf_counter()
-    try:
-        ranks = run_distributed(as_ray_worker, world_size, local_world_size, train_func, model_class, config, marks,
-                                resume_from,
-                                local_world_size=local_world_size, timeout_s=60)
-    except (RuntimeError, TimeoutError) as e:
-        lines = str(e).strip().splitlines()
-        return "\n".join(lines[:1] + lines[-12:]) if len(lines) > 13 else str(e)
-    finally:
-        shutil.rmtree(marks, ignore_errors=True)
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as marks:   # the guard's arrival marks
+        try:
+            ranks = run_distributed(as_ray_worker, world_size, local_world_size, train_func, model_class, config,
+                                    marks, resume_from, local_world_size=local_world_size, timeout_s=60)
+        except (RuntimeError, TimeoutError) as e:
+            lines = str(e).strip().splitlines()
+            return "\n".join(lines[:1] + lines[-12:]) if len(lines) > 13 else str(e)
     return {"ranks": ranks, "weights": ranks[0]["weights"], "seconds": time.perf_counter() - started}
 
 
@@ -360,7 +356,8 @@ def one_process(train_one_process, config: dict) -> tuple:
     """The script on one process (on the CPU, like the simulated workers): its losses and its last checkpoint."""
     with tempfile.TemporaryDirectory() as folder:
         losses = train_one_process({**config, "device": "cpu", "checkpoint_dir": folder})
-        return losses, torch.load(os.path.join(folder, "checkpoint.pt"), map_location="cpu", weights_only=True)
+        saved = Path(folder) / "checkpoint.pt"          # written on the CPU: read back there
+        return losses, torch.load(saved, weights_only=True)
 
 
 def merge_checkpoint(run: dict, epoch: int, folder: str) -> str:
@@ -374,7 +371,7 @@ def merge_checkpoint(run: dict, epoch: int, folder: str) -> str:
     return folder
 
 
-def read_checkpoint(run: dict, epoch: int, config: dict, build_net, who: str = "the run") -> tuple:
+def read_checkpoint(run: dict, epoch: int, config: dict, make_net, who: str = "the run") -> tuple:
     """(the plain DigitNet with the "model" of the checkpoint reported with `epoch`, its saved epoch, what DCP's
     metadata says of each saved entry), read in one process as an evaluation script would."""
     with tempfile.TemporaryDirectory() as folder:
@@ -382,7 +379,7 @@ def read_checkpoint(run: dict, epoch: int, config: dict, build_net, who: str = "
         assert os.path.exists(os.path.join(folder, ".metadata")), (
             f"{who}: the checkpoint of epoch {epoch} holds {sorted(os.listdir(folder))}: write it with dcp.save "
             "(torch.distributed.checkpoint) on every rank")
-        net = build_net({**config, "seed": config["seed"] + 1})  # other weights: all must come from the checkpoint
+        net = make_net({**config, "seed": config["seed"] + 1})   # other weights: all must come from the checkpoint
         state = {"model": net.state_dict(), "epoch": -1}
         try:
             with warnings.catch_warnings():
@@ -396,7 +393,7 @@ def read_checkpoint(run: dict, epoch: int, config: dict, build_net, who: str = "
     return net, state["epoch"], saved
 
 
-def describe(run, config: dict, build_net, checkpoints=(), who: str = "the run") -> dict:
+def describe(run, config: dict, make_net, checkpoints=(), who: str = "the run") -> dict:
     """What the test cells hand in about a run (plain data): each rank's reports (the metrics, the checkpoint files
     by name and size), what the probe saw there, the weights the run ended with, and the checkpoints of the epochs
     `checkpoints` read back by one process (their weights, the saved epoch, DCP's description of every entry)."""
@@ -411,7 +408,7 @@ def describe(run, config: dict, build_net, checkpoints=(), who: str = "the run")
     read = {}
     for epoch in checkpoints:
         try:
-            net, saved_epoch, saved = read_checkpoint(run, epoch, config, build_net, who)
+            net, saved_epoch, saved = read_checkpoint(run, epoch, config, make_net, who)
         except AssertionError as e:
             read[str(epoch)] = {"error": str(e)}
             continue
