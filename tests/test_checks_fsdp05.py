@@ -154,7 +154,9 @@ def test_meta_memory_and_hybrid_traffic():
     def probe(rank):
         seed0, seed1 = ({**shards, "pos_embed": f"pos{i}"} for i, shards in enumerate(reference[rank]))
         return {"shards": [seed0, dict(seed0), seed1], "bf16_units": [checks.BF16_UNIT] * 3, "default_meshes": 0,
-                "allocated_before_sharding": 0}
+                "allocated_before_sharding": 0,
+                "gpu_worker": {"on the device": {"to_empty": [f"cuda:{rank % 2}"], "error": None},
+                               "offloaded": {"to_empty": ["cpu"], "error": None}}}
     mid = g.mid_bytes()
     meta = {"meta": {"value": {"error": None, "ranks": [
         {"fresh": fresh, "fresh_peak": 0.6 * mid, "load_peak": 1.2 * mid, "probe": probe(0)},
@@ -181,6 +183,9 @@ def test_meta_memory_and_hybrid_traffic():
             ("probe", {"bf16_units": [checks.BF16_UNIT, checks.BF16_UNIT, checks.DEFAULT_UNIT]}, g.build_on_meta,
              "pass \\*\\*fsdp_kwargs to every fully_shard call"),
             ("probe", {"default_meshes": 2}, g.build_on_meta, "were given no mesh"),
+            ("probe", {"gpu_worker": {"on the device": {"to_empty": ["cpu"], "error": None},
+                                      "offloaded": {"to_empty": ["cpu"], "error": None}}}, g.build_on_meta,
+             "without CPU offload, to_empty allocated the shards on cpu"),
             ("probe", {"allocated_before_sharding": 15370}, g.build_on_meta_memory, "rank 1: fully_shard found 15370 values")]:
         with pytest.raises(AssertionError, match=message):
             check(changed(part, **facts))
