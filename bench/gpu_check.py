@@ -98,8 +98,8 @@ class Task:
 
 
 # the order tasks start in: what the GPU path rests on first, then the GPU-heavy modules, then the rest
-ORDER = ["facts", "grading", "notebook 05_fsdp2", "notebook 06_deepspeed", "notebook 07_scaling_up",
-         "script fsdp2 bf16", "script zero3 bf16"]
+ORDER = ["facts", "grading", "notebook 05_fsdp2", "notebook 05_fsdp2_part2", "notebook 06_deepspeed",
+         "notebook 07_scaling_up", "script fsdp2 bf16", "script zero3 bf16"]
 
 
 def plan(out: Path = OUT) -> list[Task]:

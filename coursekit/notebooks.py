@@ -12,6 +12,7 @@ records with ``coursekit.results.record`` come back in ``record``.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import subprocess
@@ -84,6 +85,64 @@ def running_cell(out: Path) -> str:
             first = next((line for line in cell.source.splitlines() if line.strip()), "")
             return f"cell {index + 1} (started {meta.get('start_time')}) was running: {first[:120]}"
     return "no cell was running"
+
+
+# what run_definitions runs of an earlier notebook: nothing that trains, measures, checks or shows
+DEFINITIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def run_definitions(notebook: str | Path, namespace: dict) -> dict:
+    """Run in ``namespace`` (a notebook's ``globals()``) the definitions of an earlier notebook as saved on disk:
+    the top-level imports, functions and classes of its code cells, in order, the student's answers included
+    (a second part of a module builds on the first part's answers). Nothing else runs: no assignment, no call, no
+    loop or ``if`` block, so nothing that trains, measures or checks, and no graded test cell.
+
+    Prints and returns what it did: ``answers`` (the names the answer cells define), ``unwritten`` (those whose cell
+    still raises ``NotImplementedError``) and ``skipped`` (cells that could not be read or run, with why)."""
+    import nbformat
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    path = Path(notebook)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is not in {Path.cwd()}: this notebook runs that notebook's definitions (your "
+                                "answers included) from its saved file; open it, save it (File > Save), and run "
+                                "this cell again")
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception as e:  # noqa: BLE001  (nbformat raises several kinds for a damaged file)
+        raise ValueError(f"{path} could not be read as a notebook ({type(e).__name__}: {e}); restore it from a "
+                         "checkpoint (File > Revert Notebook to Checkpoint) or fetch it again") from None
+    transform = TransformerManager().transform_cell        # IPython's own reading of %magics and !commands
+    answers, unwritten, skipped, count = [], [], [], 0
+    for index, cell in enumerate(nb.cells, start=1):
+        grading = cell.metadata.get("nbgrader", {})
+        if cell.cell_type != "code" or (grading.get("grade") and not grading.get("solution")):
+            continue
+        try:
+            body = [s for s in ast.parse(transform(cell.source)).body if isinstance(s, DEFINITIONS)]
+        except SyntaxError as e:
+            skipped.append(f"cell {index}: {e.msg} (line {e.lineno})")
+            continue
+        if not body:
+            continue
+        try:
+            exec(compile(ast.Module(body=body, type_ignores=[]), f"{path.name}, cell {index}", "exec"), namespace)
+        except Exception as e:  # noqa: BLE001  (an import or a default argument of the student's that fails)
+            skipped.append(f"cell {index}: {type(e).__name__}: {e}")
+            continue
+        count += len(body)
+        names = [s.name for s in body if not isinstance(s, (ast.Import, ast.ImportFrom))]
+        if grading.get("solution"):
+            answers += names
+            if "raise NotImplementedError" in cell.source:
+                unwritten += names
+    print(f"from {path.name}: {count} imports and definitions, your answers {', '.join(answers) or 'none'}")
+    if unwritten:
+        print(f"  not written yet: {', '.join(unwritten)} (the cells that use them will fail until you write them "
+              f"in {path.name} and save it)")
+    for why in skipped:
+        print(f"  left out: {why}")
+    return {"answers": answers, "unwritten": unwritten, "skipped": skipped}
 
 
 def find_notebooks(folder: Path) -> list[Path]:

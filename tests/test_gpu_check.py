@@ -51,7 +51,7 @@ def test_dry_run_prints_the_plan_and_starts_nothing():
     proc = subprocess.run([PY, "-m", "bench.gpu_check", "--dry-run"], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert f"11 tasks, {gc.SLOTS} at a time, all within {gc.DEADLINE_S} s" in proc.stdout
+    assert f"12 tasks, {gc.SLOTS} at a time, all within {gc.DEADLINE_S} s" in proc.stdout
     assert "notebook 05_fsdp2" in proc.stdout and "train_ray_deepspeed.py --stage 3 --bf16" in proc.stdout
 
 
