@@ -5,7 +5,9 @@
 writes one student per kind of trouble in nbgrader's layout (``FOLDER/<student>/<module>/``)
 and ``FOLDER/expected.json``: student -> the status (and score: "full", "zero") the grader
 must give. Every notebook is the released notebook with code written into it
-(``autograder.samples.fill``), so cell ids, checksums and locks are the real ones.
+(``autograder.samples.fill``), so cell ids, checksums and locks are the real ones. Each kind of
+trouble is in the module's first notebook (``autograder.paths.notebooks``; "renamed" renames it);
+a module's other notebooks, if it has several, hold the reference solution.
 
 ``good`` (the reference solution) is in the corpus so a test can check that a good student's
 grade survives the bad ones in the same run. The "snoop" student probes the paths given
@@ -23,8 +25,8 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.paths import REPO, SOLUTIONS
-from autograder.samples import fill, solution_answers
+from autograder.paths import REPO, SOLUTIONS, notebooks
+from autograder.samples import fill, fill_all, solution_answers
 
 MODULE = "01_ddp_pytorch"     # the fastest module to grade (see README's instructor section)
 
@@ -42,7 +44,7 @@ def _test_cells(nb) -> list:
 def snoop_code(out: Path, submissions: Path, port: int | None = None) -> str:
     """Code that tries to read what it must not see, to write where it must not write and (given a
     ``port``) to reach a server on this machine's loopback."""
-    probes = {"solutions": SOLUTIONS / MODULE / f"{MODULE}.ipynb",
+    probes = {"solutions": SOLUTIONS / MODULE / f"{notebooks(MODULE)[0]}.ipynb",
               "gradebook": Path(out) / "nbgrader" / "gradebook.db",
               "submissions": Path(submissions) / "good",
               "scratch_source": "../../../root/released",
@@ -80,15 +82,19 @@ def build(folder: Path, module: str = MODULE, out: Path | None = None, port: int
     out = Path(out) if out else REPO / "build" / "grading"
     reference = solution_answers(module)
     first = _first_solution(fill(module, {}))
+    main_nb = notebooks(module)[0]
+    rest = {n: nb for n, nb in fill_all(module, reference).items() if n != main_nb}   # the module's other notebooks
     expected: dict[str, dict] = {}
 
     def write(student: str, nb=None, name: str | None = None, raw: str | None = None,
               status: str = "graded", score: str = "full") -> None:
         dest = folder / student / module
         shutil.copytree(REPO / "course" / module, dest, dirs_exist_ok=True)
-        target = dest / (name or f"{module}.ipynb")
+        for other, filled in rest.items():
+            nbformat.write(filled, dest / f"{other}.ipynb")
+        target = dest / (name or f"{main_nb}.ipynb")
         if name:
-            (dest / f"{module}.ipynb").unlink()
+            (dest / f"{main_nb}.ipynb").unlink()
         if raw is not None:
             target.write_text(raw, encoding="utf-8")
         else:
@@ -114,7 +120,7 @@ def build(folder: Path, module: str = MODULE, out: Path | None = None, port: int
     write("edited_test", nb, status="tests modified")
     write("bad_json", raw='{"cells": [{"cell_type": "code", "source": "print(1)"', status="invalid notebook", score="zero")
     write("empty", raw="", status="invalid notebook", score="zero")
-    write("renamed", fill(module, reference), name=f"{module}-Copy1.ipynb")
+    write("renamed", fill(module, reference), name=f"{main_nb}-Copy1.ipynb")
     write("snoop", with_cell(snoop_code(out, folder, port)))
     write("chatty", with_cell("for i in range(100_000):\n    print('a line of output that nobody reads', i)"))
     # right answers whose code warns on stderr in every later cell, the tests' included: full marks all the same

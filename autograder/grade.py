@@ -4,8 +4,9 @@
                                [--memory GIB] [--modules 01_ddp_pytorch,...] [--students roster.txt]
     make grade SUBMISSIONS=folder-or-zip
 
-SUBMISSIONS is a folder in nbgrader's layout (``<student>/<module>/<module>.ipynb``), a folder
-per student, a flat folder or an LMS zip (see ``autograder/collect.py`` for the accepted names).
+SUBMISSIONS is a folder in nbgrader's layout (``<student>/<module>/<module>.ipynb``, and each other notebook of a
+module of several, ``autograder.paths.notebooks``), a folder per student, a flat folder or an LMS zip (see
+``autograder/collect.py`` for the accepted names).
 
 What happens:
 
@@ -19,7 +20,9 @@ What happens:
    read-only cell whose checksum differs from the source, or that is missing, makes the
    status "tests modified" (the notebook is still graded: nbgrader restores the original
    test cells, ``OverwriteCells.add_missing_cells`` re-adds deleted ones, so the score is what
-   the original tests give; the status tells the instructor to look).
+   the original tests give; the status tells the instructor to look). A module of several notebooks: each
+   notebook so (one invalid notebook makes the submission invalid); one that was not handed in scores 0 and the
+   row's detail names it, the others are graded; none of them handed in is an "invalid notebook".
 4. Every remaining submission is autograded in its own process and scratch root (its notebook beside the
    module's released files, never the solutions' scripts: see ``RELEASED``), up to
    ``--jobs`` at a time, with a wall-clock and a memory limit (``autograder/contain.py`` says
@@ -33,7 +36,7 @@ What happens:
    pre-check also lists the lines of the student's own cells that reach for the grading machinery (the
    ``flags`` column, ``autograder.checks.tamper``; it decides nothing).
 5. The parent (only it) merges each result into the main gradebook, copies the HTML feedback
-   to ``OUT/feedback/<student>/<module>/<module>.html`` and writes ``OUT/grades.csv``:
+   to ``OUT/feedback/<student>/<module>/<notebook>.html`` and writes ``OUT/grades.csv``:
    one row per (student, module) expected (every student found or listed in ``--students`` x
    every module graded) with columns student, module, score, max_score, status, seconds,
    detail, flags; status is one of graded, timed out, kernel died, invalid notebook, tests modified,
@@ -70,7 +73,7 @@ from autograder.collect import Found, collect
 from autograder.contain import jail_available, jail_missing_reason
 from autograder.gradebook import forget, merge, plain_feedback
 from autograder.job import config_text, hidden_paths, run_job
-from autograder.paths import SOLUTIONS, modules, tool_env
+from autograder.paths import SOLUTIONS, modules, notebooks, tool_env
 from autograder.release import strip_scripts
 from autograder.reports import STATUSES, write_reports
 
@@ -142,12 +145,13 @@ def prepare(out: Path, wanted: list[str]) -> dict[str, Path]:
 # ---------------------------------------------------------------- checks before running anything
 
 def precheck(notebook: Path, template: Path, module: str) -> tuple[str, str]:
-    """(invalid, modified): why the notebook cannot be graded, and which read-only cells changed."""
+    """(invalid, modified): why the notebook cannot be graded, and which read-only cells changed (compared with the
+    released notebook of the same name)."""
     import nbformat
     from nbgrader.utils import compute_checksum
 
     if not notebook.exists():
-        return f"no {module}.ipynb", ""
+        return f"no {notebook.name}", ""
     raw = notebook.read_bytes()
     if not raw.strip():
         return "empty file", ""
@@ -166,7 +170,7 @@ def precheck(notebook: Path, template: Path, module: str) -> tuple[str, str]:
 
     cells = by_id(nb)
     # the released notebook (hidden tests removed) is what the student started from
-    released = nbformat.read(template / "course" / module / f"{module}.ipynb", as_version=4)
+    released = nbformat.read(template / "course" / module / notebook.name, as_version=4)
     changed = []
     for gid, ref in by_id(released).items():
         if not ref.metadata["nbgrader"].get("locked"):
@@ -176,6 +180,39 @@ def precheck(notebook: Path, template: Path, module: str) -> tuple[str, str]:
         elif compute_checksum(cells[gid]) != compute_checksum(ref):
             changed.append(f"edited {gid}")
     return "", ", ".join(changed)
+
+
+def precheck_folder(folder: Path, template: Path, module: str) -> tuple[str, str, str]:
+    """(invalid, modified, missing) of a submission's folder: :func:`precheck` of each of the module's notebooks.
+
+    A module of one notebook: exactly ``precheck`` of it (``missing`` is ""). A module of several: a notebook the
+    folder lacks is not graded (nbgrader scores its cells 0) and ``missing`` says so, unless the folder lacks all of
+    them (invalid, naming them); one that cannot be graded makes the whole submission invalid (nbgrader's autograde
+    would fail on it), its name before the reason; the changed read-only cells of all of them together."""
+    names = notebooks(module)
+    if len(names) == 1:
+        return (*precheck(folder / f"{names[0]}.ipynb", template, module), "")
+    present = [n for n in names if (folder / f"{n}.ipynb").exists()]
+    absent = [f"{n}.ipynb" for n in names if n not in present]
+    if not present:
+        return f"no {' or '.join(absent)}", "", ""
+    invalid, modified = [], []
+    for n in present:
+        why, changed = precheck(folder / f"{n}.ipynb", template, module)
+        invalid += [f"{n}.ipynb: {why}"] if why else []
+        modified += [changed] if changed else []
+    missing = f"not handed in (its cells score 0): {', '.join(absent)}" if absent else ""
+    return "; ".join(invalid), ", ".join(modified), missing
+
+
+def scan_folder(folder: Path, module: str) -> list[str]:
+    """``autograder.checks.tamper.scan`` of each of the module's notebooks in ``folder`` (a module of several: each
+    line after its notebook's name)."""
+    names = notebooks(module)
+    if len(names) == 1:
+        return scan(folder / f"{names[0]}.ipynb")
+    return [f"{n}.ipynb: {line}" for n in names if (folder / f"{n}.ipynb").exists()
+            for line in scan(folder / f"{n}.ipynb")]
 
 
 def _status(run: dict, timeout: float, memory: int) -> tuple[str, str]:
@@ -228,8 +265,8 @@ def plan(found: list[Found], wanted: list[str], templates: dict[str, Path], main
             rows[(f.student, f.module)] = cached
             n_cached += 1
             continue
-        invalid, modified = (f.invalid, "") if f.invalid else precheck(
-            f.folder / f"{f.module}.ipynb", templates[f.module], f.module)
+        invalid, modified, missing = (f.invalid, "", "") if f.invalid else precheck_folder(
+            f.folder, templates[f.module], f.module)
         if invalid:
             row = {"student": f.student, "module": f.module, "score": 0.0, "max_score": max_scores[f.module],
                    "seconds": 0.0, "status": "invalid notebook", "detail": invalid, "flags": ""}
@@ -238,8 +275,8 @@ def plan(found: list[Found], wanted: list[str], templates: dict[str, Path], main
             rows[(f.student, f.module)] = row
             cache.store(f, key, row, limits)
             continue
-        detail = "; ".join(x for x in (f.detail, modified and f"read-only cells changed: {modified}") if x)
-        flags = " | ".join(scan(f.folder / f"{f.module}.ipynb"))
+        detail = "; ".join(x for x in (f.detail, missing, modified and f"read-only cells changed: {modified}") if x)
+        flags = " | ".join(scan_folder(f.folder, f.module))
         jobs.append(Job(f, key, detail, timeout, "tests modified" if modified else "graded", feedback, flags))
     return rows, jobs, n_cached
 

@@ -12,7 +12,8 @@ small change each: ``operators``) are graded the way a submission is, and each o
 - **timeout**: a cell ran past the limit. Never a verdict: it counts against the exercise, like a survivor.
 
 How: one kernel (the course's, in grading mode, asked the hidden cases: as ``autograder.job`` runs one) executes
-the solutions notebook in order. At an exercise it runs the reference answer and the cells after it up to the
+the solutions notebook in order (a module of several notebooks: each in a kernel of its own, as nbgrader grades
+them). At an exercise it runs the reference answer and the cells after it up to the
 exercise's last test cell, and checks that the reference passes; then for each mutant it removes the names the
 answer defines, runs the mutant in place of the answer and the same following cells again, and judges each test
 cell's handed-in data in this process (``autograder.checks.judge``: the grader's own verdict, never the kernel's);
@@ -39,6 +40,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autograder.paths import notebook_of, notebooks
 from coursekit.paths import REPO
 
 EQUIVALENT = REPO / "autograder" / "checks" / "equivalent"     # MODULE.toml: the reviewed equivalents of a module
@@ -422,16 +424,17 @@ def equivalents() -> dict[tuple[str, str], dict[str, str]]:
 
 
 class Kernel:
-    """The course's kernel running one solutions notebook in grading mode, cell by cell (nbclient)."""
+    """The course's kernel running one solutions notebook in grading mode, cell by cell (nbclient): the module's
+    first notebook, or ``notebook`` (one of ``autograder.paths.notebooks(module)``)."""
 
-    def __init__(self, module: str, storage: Path):
+    def __init__(self, module: str, storage: Path, notebook: str | None = None):
         import nbformat
         from nbclient import NotebookClient
 
         from autograder.checks import asked
 
         self.module = module
-        path = REPO / "solutions" / module / f"{module}.ipynb"
+        path = REPO / "solutions" / module / f"{notebook or notebooks(module)[0]}.ipynb"
         self.nb = nbformat.read(path, as_version=4)
         self.env = {**os.environ, "COURSE_GRADING": "1", "COURSE_SIZE": "smoke", "COURSE_STORAGE": str(storage),
                     "CUDA_VISIBLE_DEVICES": "", "COURSE_RECORD": "", "MPLBACKEND": "Agg",
@@ -526,21 +529,38 @@ def _graded(kernel: Kernel, ex: Exercise, answer: str | None) -> tuple[str, str]
 
 
 def run_module(module: str, only: str | None = None, out: Path = OUT, log=print) -> dict:
-    """Every mutant of every code exercise of ``module`` (or only exercise ``only``), graded; the results as a
-    dict, also written to ``out/MODULE.json``."""
+    """Every mutant of every code exercise of ``module`` (or only exercise ``only``), graded, notebook by notebook
+    (only ``only``'s notebook); the results as a dict, also written to ``out/MODULE.json``."""
     import tempfile
-
-    from nbclient.exceptions import DeadKernelError
 
     from autograder.checks import prepare
 
     start = time.perf_counter()
     prepare(module)
     storage = Path(tempfile.mkdtemp(prefix=f"mutants-{module}-"))
-    kernel = Kernel(module, storage)
-    chosen = [e for e in exercises(module, kernel.nb) if only in (None, e.name)]
-    known = equivalents()
     result = {"module": module, "exercises": {}}
+    try:
+        names = [notebook_of(module, only)] if only else notebooks(module)
+    except KeyError:                               # no such exercise: nothing to run
+        names = []
+    for notebook in names:
+        _run_notebook(Kernel(module, storage, notebook), only, result, log)
+    result["seconds"] = round(time.perf_counter() - start, 1)
+    out.mkdir(parents=True, exist_ok=True)
+    name = module if only is None else f"{module}.{only}"
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _run_notebook(kernel: Kernel, only: str | None, result: dict, log) -> None:
+    """The mutants of the exercises of ``kernel``'s notebook (or only exercise ``only``), into ``result``."""
+    from nbclient.exceptions import DeadKernelError
+
+    module = kernel.module
+    chosen = [e for e in exercises(module, kernel.nb) if only in (None, e.name)]
+    if not chosen:
+        return
+    known = equivalents()
     kernel.start()
     done = 0                                       # the cells executed so far (by the reference)
 
@@ -588,11 +608,6 @@ def run_module(module: str, only: str | None = None, out: Path = OUT, log=print)
                 f"{row['survived']} survived, {row['timeout']} timed out: score {row['score']}")
     finally:
         kernel.stop()
-    result["seconds"] = round(time.perf_counter() - start, 1)
-    out.mkdir(parents=True, exist_ok=True)
-    name = module if only is None else f"{module}.{only}"
-    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
-    return result
 
 
 def summary(rows: list[dict]) -> dict:
@@ -615,8 +630,8 @@ def latest(module: str, out: Path = OUT) -> dict:
         result = json.loads(path.read_text())
         merged["exercises"].update(result["exercises"])
     merged["seconds"] = round(sum(row.get("seconds") or 0 for row in merged["exercises"].values()), 1)
-    order = [e.name for e in exercises(module, __import__("nbformat").read(
-        REPO / "solutions" / module / f"{module}.ipynb", as_version=4))]
+    order = [e.name for name in notebooks(module) for e in exercises(module, __import__("nbformat").read(
+        REPO / "solutions" / module / f"{name}.ipynb", as_version=4))]
     merged["exercises"] = {name: merged["exercises"][name] for name in order if name in merged["exercises"]}
     return merged
 
@@ -663,13 +678,14 @@ def main(argv: list[str] | None = None) -> int:
         import nbformat
 
         for module in modules:
-            nb = nbformat.read(REPO / "solutions" / module / f"{module}.ipynb", as_version=4)
-            for ex in exercises(module, nb):
-                if args.exercise in (None, ex.name):
-                    found = mutants(nb.cells[ex.answer].source)
-                    print(f"{module} {ex.name}: {len(found)} mutants, tests {', '.join(ex.tests)}")
-                    for m in found:
-                        print(f"    {m.key[:200]}")
+            for name in notebooks(module):
+                nb = nbformat.read(REPO / "solutions" / module / f"{name}.ipynb", as_version=4)
+                for ex in exercises(module, nb):
+                    if args.exercise in (None, ex.name):
+                        found = mutants(nb.cells[ex.answer].source)
+                        print(f"{module} {ex.name}: {len(found)} mutants, tests {', '.join(ex.tests)}")
+                        for m in found:
+                            print(f"    {m.key[:200]}")
         return 0
     bad = 0
     for module in modules:

@@ -2,6 +2,8 @@
 instructors' tools use (shared by the autograder and the tests)."""
 from __future__ import annotations
 
+import functools
+import json
 import os
 import shutil
 import subprocess
@@ -17,6 +19,40 @@ CONFIG = REPO / "autograder" / "nbgrader_config.py"
 def modules() -> list[str]:
     """Module folders of the course, in teaching order (01_..., 02_...)."""
     return sorted(p.name for p in SOLUTIONS.iterdir() if p.is_dir() and p.name[:2].isdigit())
+
+
+def notebooks(module: str) -> list[str]:
+    """The notebooks of ``module`` (nbgrader: one assignment, the module's folder, with one or several notebooks),
+    as the stems of the ``.ipynb`` files in ``solutions/<module>/``: the one named ``<module>`` first, then the
+    others sorted (``.ipynb_checkpoints`` ignored). A module without its folder (or without notebooks): ``[module]``."""
+    folder = SOLUTIONS / module
+    stems = sorted(p.stem for p in folder.glob("*.ipynb") if p.is_file()) if folder.is_dir() else []
+    return sorted(stems, key=lambda s: s != module) or [module]
+
+
+@functools.lru_cache(maxsize=None)
+def _grade_ids(folder: Path, stamps: tuple) -> dict[str, str]:
+    """grade_id -> notebook stem of the notebooks in ``folder`` (``stamps``: their names and mtimes, the cache key)."""
+    owner: dict[str, str] = {}
+    for name, _ in stamps:
+        nb = json.loads((folder / name).read_text(encoding="utf-8"))
+        for cell in nb.get("cells", []):
+            gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+            if gid:
+                owner.setdefault(gid, Path(name).stem)
+    return owner
+
+
+def notebook_of(module: str, grade_id: str) -> str:
+    """The notebook (its stem, see :func:`notebooks`) of ``module`` whose cells carry nbgrader's ``grade_id``, read
+    from the solutions notebooks' cell metadata (cached until one of them changes). KeyError: in none of them."""
+    folder = SOLUTIONS / module
+    stamps = tuple((f"{stem}.ipynb", (folder / f"{stem}.ipynb").stat().st_mtime_ns) for stem in notebooks(module)
+                   if (folder / f"{stem}.ipynb").is_file())
+    owner = _grade_ids(folder, stamps).get(grade_id)
+    if owner is None:
+        raise KeyError(f"{module}: no notebook has a cell with grade_id {grade_id!r}")
+    return owner
 
 
 def tool_env(extra: dict | None = None) -> dict:

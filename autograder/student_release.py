@@ -13,7 +13,7 @@ Not ``nbgrader_config.py`` either (the instructor's course settings): the Valida
 come from ``python -m coursekit.jupyter_setup``. It then checks every file in the folder with
 ``leaks()``: no nbgrader solution/hidden-test marker, and no
 line of any module's solution code or hidden tests (lines longer than 25 characters that do
-not also appear in the visible part of the instructor's notebook). That folder is what a
+not also appear in the visible part of the instructor's notebooks). That folder is what a
 course publishes (a public repository, Binder). It fails (exit 1) if anything leaked.
 """
 from __future__ import annotations
@@ -29,22 +29,41 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.paths import REPO, SOLUTIONS, modules
+from autograder.paths import REPO, SOLUTIONS, modules, notebook_of, notebooks
 
 MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
 PARTS = ("course", "coursekit", "binder", "deploy", "requirements.txt", "environment.yml", "pyproject.toml")
 README = Path(__file__).with_name("STUDENT_README.md")
 
 
+def _solution_cells(module: str) -> list:
+    """The cells of all the instructor's notebooks of ``module`` (``autograder.paths.notebooks``), in order."""
+    return [c for name in notebooks(module)
+            for c in nbformat.read(SOLUTIONS / module / f"{name}.ipynb", as_version=4).cells]
+
+
+def _released_notebooks(course: Path, module: str) -> list[Path]:
+    """The released notebooks of ``module`` under ``course`` (a release's course/ folder) that exist."""
+    return [p for name in notebooks(module) if (p := course / module / f"{name}.ipynb").exists()]
+
+
+def _notebook_of(module: str, grade_id: str) -> str | None:
+    """``autograder.paths.notebook_of``, None for a grade_id in none of the module's notebooks."""
+    try:
+        return notebook_of(module, grade_id)
+    except KeyError:
+        return None
+
+
 def secret_lines(module: str) -> set[str]:
     """Lines of ``module``'s solution code and hidden tests that must never reach students.
 
     Lines of 25 characters or fewer (``return model``) and lines that also occur in the visible
-    part of the instructor's notebook are not counted.
+    part of the instructor's notebooks (all of the module's) are not counted.
     """
-    source = nbformat.read(SOLUTIONS / module / f"{module}.ipynb", as_version=4)
+    cells = _solution_cells(module)
     secret = set()
-    for cell in source.cells:
+    for cell in cells:
         text = cell.source
         for begin, end in (("### BEGIN SOLUTION", "### END SOLUTION"),
                            ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")):
@@ -52,7 +71,7 @@ def secret_lines(module: str) -> set[str]:
                 chunk = text.split(begin, 1)[1].split(end, 1)[0]
                 secret |= {ln.strip() for ln in chunk.splitlines() if len(ln.strip()) > 25}
                 text = text.replace(begin + chunk + end, "")
-    visible = {ln.strip() for c in source.cells for ln in c.source.split("### BEGIN")[0].splitlines()}
+    visible = {ln.strip() for c in cells for ln in c.source.split("### BEGIN")[0].splitlines()}
     return secret - visible
 
 
@@ -318,15 +337,17 @@ def answer_entry(chunk: str, grade_id: str, index: int = -1) -> tuple:
 
 def answers(module: str) -> list[tuple]:
     """(cell index, grade_id, answer lines, answer shapes, tokens, key calls, small shapes, calls) of each solution cell of
-    ``module``'s instructor notebook, and of each script's solution regions (index -1: they come before every
+    ``module``'s instructor notebooks (the index is in the notebook that holds the grade_id:
+    ``autograder.paths.notebook_of``), and of each script's solution regions (index -1: they come before every
     cell)."""
-    nb = nbformat.read(SOLUTIONS / module / f"{module}.ipynb", as_version=4)
     out = []
-    for i, cell in enumerate(nb.cells):
-        meta = cell.metadata.get("nbgrader", {})
-        if meta.get("solution") and "### BEGIN SOLUTION" in cell.source:
-            chunk = cell.source.split("### BEGIN SOLUTION", 1)[1].split("### END SOLUTION", 1)[0]
-            out.append(answer_entry(chunk, meta["grade_id"], i))
+    for name in notebooks(module):
+        nb = nbformat.read(SOLUTIONS / module / f"{name}.ipynb", as_version=4)
+        for i, cell in enumerate(nb.cells):
+            meta = cell.metadata.get("nbgrader", {})
+            if meta.get("solution") and "### BEGIN SOLUTION" in cell.source:
+                chunk = cell.source.split("### BEGIN SOLUTION", 1)[1].split("### END SOLUTION", 1)[0]
+                out.append(answer_entry(chunk, meta["grade_id"], i))
     for script in sorted((SOLUTIONS / module).rglob("*.py")):
         text = script.read_text(encoding="utf-8")
         chunks = [c.split("### END SOLUTION", 1)[0] for c in text.split("### BEGIN SOLUTION")[1:]]
@@ -396,7 +417,8 @@ def known_before(module: str, course: Path = REPO / "course") -> Known:
     order = modules()
     codes = []
     for earlier in order[: order.index(module)]:
-        codes += [_cell_code(c) for c in nbformat.read(course / earlier / f"{earlier}.ipynb", as_version=4).cells]
+        codes += [_cell_code(c) for path in _released_notebooks(course, earlier)
+                  for c in nbformat.read(path, as_version=4).cells]
         for path in sorted((course / earlier).rglob("*")):
             if path.is_file() and path.suffix in (".py", ".svg", ".sh"):
                 text = path.read_text(encoding="utf-8")
@@ -439,14 +461,15 @@ def answer_leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
     A module is released after the deadline of every module before it (``make release THROUGH=...``), so a file
     of module j's folder may hold the answers of modules before j (module 07's scripts do 01's, 05's and 06's
     jobs) but never of j or a later module; a file outside the modules' folders (coursekit, READMEs, deploy) holds
-    no answer; a released notebook shows none of its own answers outside their cells (a student reads the whole
-    notebook), and none of a later module's anywhere. Figures are read by the text they show."""
+    no answer; a module's released notebooks (all of them are that module's) show none of its answers outside their
+    cells (a student reads the whole notebook), and none of a later module's anywhere. Figures are read by the text they show."""
     folder = Path(folder)
     course = folder / "course" if (folder / "course").is_dir() else folder
     order = modules()
     every = {m: answers(m) for m in mods or order}
-    released = {o: [_cell_code(c) for c in nbformat.read(course / o / f"{o}.ipynb", as_version=4).cells]
-                for o in order if (course / o / f"{o}.ipynb").exists()}
+    # (module, notebook) -> its cells: every notebook of a module is that module's
+    released = {(o, path.stem): [_cell_code(c) for c in nbformat.read(path, as_version=4).cells]
+                for o in order for path in _released_notebooks(course, o)}
     files = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix != ".ipynb"):
         try:
@@ -458,7 +481,7 @@ def answer_leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
     def known(m: str) -> Known:
         """The earlier modules' releases: this folder's and the course's own (a folder may hold only some)."""
         earlier = order[: order.index(m)] if m in order else []
-        here = Known([c for o in earlier for c in released.get(o, [])]
+        here = Known([c for (o, _), cells in released.items() if o in earlier for c in cells]
                      + [c for path, c in files.items() if _owner(path, course) in earlier])
         return here.with_(known_before(m)) if m in order and (REPO / "course" / m).is_dir() else here
 
@@ -475,14 +498,15 @@ def answer_leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
                     why = _leak(code, answer, owner in (None, m), prerequisites, file=True)
                     if why:
                         found.append(f"{path.relative_to(folder)}: {m}'s answer {answer[1]}: {why}")
-        for owner, cells in released.items():
+        for (owner, name), cells in released.items():
             if order.index(m) < order.index(owner):
                 continue
-            nb_path = (course / owner / f"{owner}.ipynb").relative_to(folder)
+            nb_path = (course / owner / f"{name}.ipynb").relative_to(folder)
             where = "outside its cell" if m == owner else f"in {owner}, before {m}'s deadline"
             for answer in items:      # every cell that shows it: one reviewed cell never hides another
+                own = m == owner and answer[0] >= 0 and _notebook_of(m, answer[1]) == name    # the answer's notebook
                 for i, c in enumerate(cells):
-                    if not (m == owner and i == answer[0]) and (why := _leak(c, answer, m == owner, prerequisites)):
+                    if not (own and i == answer[0]) and (why := _leak(c, answer, m == owner, prerequisites)):
                         found.append(f"{nb_path}: the answer of {m}'s {answer[1]} is shown {where}: cell {i}: {why}")
     return found
 
@@ -531,7 +555,7 @@ def leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
 
     ``folder`` holds ``course/<module>/<module>.ipynb`` (a release) or is a release root itself.
     Every text file is searched for nbgrader's solution/hidden-test markers; each module's
-    released notebook for lines of its own solution code and hidden tests (the same rule as
+    released notebooks for lines of its own solution code and hidden tests (the same rule as
     tests/test_release.py); and :func:`answer_leaks`: no answer line in any other released file
     or above its exercise; and no instructor-only folder or ``nbgrader_config.py``.
     """
@@ -550,16 +574,17 @@ def leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
             if why in text:
                 found.append(f"{path.relative_to(folder)}: the grader's explanation of {gid}")
     for m in mods or modules():
-        nb_path = course / m / f"{m}.ipynb"
-        if not nb_path.exists():
-            found.append(f"{nb_path.relative_to(folder)}: missing")
-            continue
-        public = nbformat.read(nb_path, as_version=4)
-        lines = {ln.strip() for c in public.cells for ln in c.source.splitlines()}
-        hit = sorted(lines & secret_lines(m))
-        if hit:
-            found.append(f"{nb_path.relative_to(folder)}: {len(hit)} line(s) of its solutions/hidden "
-                         f"tests, e.g. {hit[0]!r}")
+        for name in notebooks(m):
+            nb_path = course / m / f"{name}.ipynb"
+            if not nb_path.exists():
+                found.append(f"{nb_path.relative_to(folder)}: missing")
+                continue
+            public = nbformat.read(nb_path, as_version=4)
+            lines = {ln.strip() for c in public.cells for ln in c.source.splitlines()}
+            hit = sorted(lines & secret_lines(m))
+            if hit:
+                found.append(f"{nb_path.relative_to(folder)}: {len(hit)} line(s) of its solutions/hidden "
+                             f"tests, e.g. {hit[0]!r}")
     found += unreviewed(answer_leaks(folder))      # every module's answers: an unreleased one's above all
     for p in folder.rglob("*"):
         if p.name in ("solutions", "autograder", "tests", ".git", "build"):

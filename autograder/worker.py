@@ -6,7 +6,8 @@ A job's working directory is ``JOB/root``, which holds ``nbgrader_config.py``, a
 the module's release and this one student's submission. nbgrader's autograde and generate_feedback run in the
 job's process; the student's code runs in the kernel nbgrader starts (see ``autograder.contain`` for where
 that kernel runs and what it can see). Between the two, ``autograder.checks.apply`` decides in this process, from
-the data the test cells handed in, the score of every cell judged outside the kernel. The result goes to ``JOB/result.json``; the parent
+the data the test cells handed in, the score of every cell judged outside the kernel (in each of the module's
+notebooks). The result goes to ``JOB/result.json``; the parent
 merges the grades into the main gradebook.
 """
 from __future__ import annotations
@@ -136,13 +137,18 @@ def main(argv: list[str]) -> int:
     result["success"] = bool(ag.get("success"))
     result["log"] = (ag.get("log") or "")[-8000:]
     result["error"] = (ag.get("error") or "")[-8000:]
-    graded = job / "work" / student / module / f"{module}.ipynb"
-    if result["success"] and graded.exists():
+    from autograder.paths import notebooks
+
+    graded = [job / "work" / student / module / f"{name}.ipynb" for name in notebooks(module)]
+    if result["success"] and any(path.exists() for path in graded):
         # the cells whose score this process decides, from the data they handed in: never from what the kernel,
-        # where the student's code ran, reported (autograder.checks)
+        # where the student's code ran, reported (autograder.checks), notebook by notebook; a notebook the student
+        # did not hand in (nbgrader scored its cells 0) gets the verdict of a cell that handed in nothing
         from autograder.checks import apply
 
-        result["outside"] = apply(graded, f"sqlite:///{root / 'gradebook.db'}", module, student)
+        result["outside"] = {}
+        for path in graded:
+            result["outside"].update(apply(path, f"sqlite:///{root / 'gradebook.db'}", module, student))
     if result["success"] and feedback:
         fb_start = time.perf_counter()
         fb = api.generate_feedback(module, student, force=True)

@@ -75,17 +75,18 @@ def test_modules_judged_outside_have_no_hidden_tests_and_no_cell_judged_in_the_k
     """Every module's code exercises are judged in autograder/checks: every graded cell is judged there, no notebook
     holds hidden tests, and what the grader asks the test cells to run names cells of the module."""
     from autograder.checks import CODE, asked
-    from autograder.paths import SOLUTIONS
+    from autograder.paths import SOLUTIONS, notebooks
 
     assert set(CODE) == set(modules()), f"judged in the kernel still: {sorted(set(modules()) - set(CODE))}"
     for module in CODE:
-        nb = nbformat.read(SOLUTIONS / module / f"{module}.ipynb", as_version=4)
-        graded = {c.metadata["nbgrader"]["grade_id"] for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")}
+        cells = [c for name in notebooks(module)      # every notebook of the module
+                 for c in nbformat.read(SOLUTIONS / module / f"{name}.ipynb", as_version=4).cells]
+        graded = {c.metadata["nbgrader"]["grade_id"] for c in cells if c.metadata.get("nbgrader", {}).get("grade")}
         assert graded == judged_outside(module), f"{module}: judged in the kernel: {graded - judged_outside(module)}"
-        assert not any("HIDDEN TESTS" in c.source for c in nb.cells), f"{module}: hidden tests in the notebook"
+        assert not any("HIDDEN TESTS" in c.source for c in cells), f"{module}: hidden tests in the notebook"
         assert set(asked(module)) <= graded
         for gid in asked(module):
-            cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == gid)
+            cell = next(c for c in cells if c.metadata.get("nbgrader", {}).get("grade_id") == gid)
             assert f'asked("{gid}")' in cell.source, f"{module}/{gid}: the test cell does not run what is asked"
 
 
@@ -114,12 +115,13 @@ def test_what_the_grader_asks_a_kernel_to_run_is_inputs_never_answer_code():
     """COURSE_ASKED reaches the kernel, where a submission's code can read it while it is graded: it holds inputs
     (seeds, sizes, configs), never code; above all no line of a solution cell."""
     from autograder.checks import asked
-    from autograder.paths import SOLUTIONS
+    from autograder.paths import SOLUTIONS, notebooks
 
     for module in modules():
         sent = json.dumps(asked(module))
-        nb = nbformat.read(SOLUTIONS / module / f"{module}.ipynb", as_version=4)
-        answers = [line.strip() for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")
+        cells = [c for name in notebooks(module)
+                 for c in nbformat.read(SOLUTIONS / module / f"{name}.ipynb", as_version=4).cells]
+        answers = [line.strip() for c in cells if c.metadata.get("nbgrader", {}).get("solution")
                    for line in c.source.splitlines()]
         leaked = [line for line in answers if len(line) > 12 and not line.startswith(("#", "###")) and line in sent]
         assert not leaked, f"{module}: answer lines in what the grader asks: {leaked[:3]}"

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from autograder.grade import grade
+from autograder.paths import notebooks
 from autograder.release import modules
 from autograder.samples import solution_answers, write_submission
 
@@ -60,12 +61,12 @@ def wrong_students(module: str) -> dict[str, dict[str, tuple[str, tuple[str, ...
 
 
 def cell_scores(out: Path, student: str, module: str) -> dict[str, tuple[float, float]]:
-    """grade cell name -> (score, max_score) of one graded submission, from the main gradebook."""
+    """grade cell name -> (score, max_score) of one graded submission (all its notebooks), from the main gradebook."""
     from nbgrader.api import Gradebook
 
     with Gradebook(f"sqlite:///{out / 'nbgrader' / 'gradebook.db'}") as gb:
-        nb = gb.find_submission_notebook(module, module, student)
-        return {g.name: (g.score, g.max_score) for g in nb.grades}
+        return {g.name: (g.score, g.max_score) for nb in gb.find_submission(module, student).notebooks
+                for g in nb.grades}
 
 
 def importer_answers(module: str) -> dict[str, str]:
@@ -207,9 +208,10 @@ def test_csv_and_feedback_cover_every_student_and_module(graded):
     assert rows[("late", graded_modules()[0])]["status"] == "graded"
     for s in FEEDBACK_READ:
         for m in graded_modules():
-            html = out / "feedback" / s / m / f"{m}.html"
-            assert html.exists(), html
-            assert "Score:" in html.read_text() or "score" in html.read_text().lower()
+            for name in notebooks(m):                  # a page per notebook of the module
+                html = out / "feedback" / s / m / f"{name}.html"
+                assert html.exists(), html
+                assert "Score:" in html.read_text() or "score" in html.read_text().lower()
 
 
 @pytest.mark.slow

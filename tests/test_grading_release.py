@@ -11,6 +11,7 @@ import nbformat
 import pytest
 
 from autograder.grade import prepare
+from autograder.paths import notebooks
 from autograder.release import REPO, modules
 from autograder.student_release import build, leaks, main as release_main
 from coursekit.distributed import free_port
@@ -23,7 +24,9 @@ def test_student_release_has_the_course_and_no_answers(tmp_path):
     for part in ("README.md", "requirements.txt", "pyproject.toml", "binder/postBuild", "coursekit/runtime.py"):
         assert (out / part).exists(), part
     for m in modules():
-        assert (out / "course" / m / f"{m}.ipynb").read_bytes() == (REPO / "course" / m / f"{m}.ipynb").read_bytes()
+        for name in notebooks(m):
+            assert (out / "course" / m / f"{name}.ipynb").read_bytes() == \
+                (REPO / "course" / m / f"{name}.ipynb").read_bytes()
     assert not leaks(out)
     assert not any(p.name in ("solutions", "autograder", "tests") for p in out.rglob("*"))
 

@@ -9,6 +9,7 @@ import pytest
 
 from autograder import mutants as mt
 from autograder.checks import FILES
+from autograder.paths import notebooks
 from helpers import REPO
 
 CELL = '''def step(model, optimizer, loader, checkpoint):
@@ -87,14 +88,16 @@ def test_equivalents_are_reviewed_mutants_of_the_references():
     for path in files:
         module = path.stem
         assert module in FILES, f"{path.name}: not a module"
-        nb = nbformat.read(REPO / "solutions" / module / f"{module}.ipynb", as_version=4)
-        ex = {e.name: e for e in mt.exercises(module, nb)}
+        nbs = {name: nbformat.read(REPO / "solutions" / module / f"{name}.ipynb", as_version=4)
+               for name in notebooks(module)}
+        ex = {e.name: (e, nb) for nb in nbs.values() for e in mt.exercises(module, nb)}
         made: dict[str, set[str]] = {}
         for row in tomllib.loads(path.read_text()).get("equivalent", []):
             assert set(row) == {"exercise", "mutant", "reason"}, row
             assert row["exercise"] in ex, f"{path.name}: no exercise {row['exercise']!r}"
             if row["exercise"] not in made:
-                made[row["exercise"]] = {m.key for m in mt.mutants(nb.cells[ex[row["exercise"]].answer].source)}
+                e, nb = ex[row["exercise"]]
+                made[row["exercise"]] = {m.key for m in mt.mutants(nb.cells[e.answer].source)}
             assert row["mutant"] in made[row["exercise"]], (
                 f"{path.name}: the reference of {row['exercise']} no longer makes the mutant {row['mutant']!r}")
             assert len(row["reason"].split()) >= 8, f"{path.name}: say why {row['mutant']!r} computes the same thing"

@@ -258,3 +258,44 @@ def test_a_stalled_run_says_which_cell_was_running(tmp_path):
     nbformat.write(nb, tmp_path / "out.ipynb")
     assert running_cell(tmp_path / "out.ipynb") == "no cell was running"
     assert running_cell(tmp_path / "none.ipynb").startswith("no cell found running (FileNotFoundError")
+
+
+def test_run_definitions_brings_an_earlier_notebooks_definitions_and_runs_nothing_else(tmp_path, capsys):
+    """A module's second notebook runs the first one's imports, functions and classes from its saved file (05 part 2:
+    the student's answers of part 1); no assignment, call or block runs, no graded test cell, and what could not be read
+    or is not written yet is said."""
+    import nbformat
+
+    from coursekit.notebooks import run_definitions
+
+    def cell(source, **grading):
+        c = nbformat.v4.new_code_cell(source)
+        if grading:
+            c.metadata["nbgrader"] = {"grade_id": grading.pop("gid"), **grading}
+        return c
+
+    marker = tmp_path / "ran"
+    nb = nbformat.v4.new_notebook(cells=[
+        cell("%matplotlib inline\nimport json\nfrom pathlib import Path\nX = 1\nPath(X)"),
+        cell(f"Path({str(marker)!r}).write_text('ran')\ndef helper():\n    return json.dumps(X)"),
+        cell("def answer(v):\n    return 2 * v", gid="answer", solution=True, grade=False),
+        cell("def stub():\n    # YOUR CODE HERE\n    raise NotImplementedError()", gid="stub", solution=True, grade=False),
+        cell("def from_a_test():\n    return 0", gid="test_answer", grade=True, solution=False),
+        cell("def broken(:\n    pass"),
+        nbformat.v4.new_markdown_cell("def not_code(): pass"),
+    ])
+    nbformat.write(nb, tmp_path / "part1.ipynb")
+    namespace = {"X": 5}
+    report = run_definitions(tmp_path / "part1.ipynb", namespace)
+    assert not marker.exists() and namespace["X"] == 5                       # no call, no assignment ran
+    assert namespace["answer"](3) == 6 and namespace["helper"]() == "5"      # defined in the caller's globals
+    assert "from_a_test" not in namespace and "not_code" not in namespace and "broken" not in namespace
+    assert report["answers"] == ["answer", "stub"] and report["unwritten"] == ["stub"]
+    assert len(report["skipped"]) == 1 and report["skipped"][0].startswith("cell 6:")
+    out = capsys.readouterr().out
+    assert "not written yet: stub" in out and "left out: cell 6" in out
+    with pytest.raises(FileNotFoundError, match="save it"):
+        run_definitions(tmp_path / "missing.ipynb", {})
+    (tmp_path / "damaged.ipynb").write_text("{")
+    with pytest.raises(ValueError, match="could not be read as a notebook"):
+        run_definitions(tmp_path / "damaged.ipynb", {})

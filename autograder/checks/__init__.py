@@ -107,17 +107,32 @@ def _verdict_output(passed: bool, message: str):
     return nbformat.v4.new_output("error", ename=VERDICT, evalue=message, traceback=[f"{VERDICT}: {message}"])
 
 
+def _in_notebook(module: str, grade_id: str, notebook: str) -> bool:
+    """Whether ``grade_id``'s cells are in ``module``'s notebook ``notebook`` (a stem); a grade_id in none of the
+    module's notebooks counts as the first one's."""
+    from autograder.paths import notebook_of, notebooks
+
+    try:
+        return notebook_of(module, grade_id) == notebook
+    except KeyError:
+        return notebooks(module)[0] == notebook
+
+
 def apply(notebook: Path, gradebook_url: str, module: str, student: str) -> dict[str, bool]:
-    """Judge every cell of ``judged_outside(module)`` in the autograded ``notebook``: its score into the gradebook
-    (full points or 0, whatever the kernel reported), its verdict appended to the cell's outputs (the evidence
-    outputs removed). Returns grade_id -> passed."""
+    """Judge every cell of ``judged_outside(module)`` that belongs to the autograded ``notebook`` (one of the module's
+    notebooks, ``autograder.paths.notebook_of``): its score into the gradebook, under that notebook's name (full
+    points or 0, whatever the kernel reported), its verdict appended to the cell's outputs (the evidence outputs
+    removed). A ``notebook`` that does not exist (the student did not hand it in): each of its cells judged as
+    handing in nothing, and no file written. Returns grade_id -> passed."""
     import nbformat
     from nbgrader.api import Gradebook, MissingEntry
 
-    outside = judged_outside(module)
-    nb = nbformat.read(notebook, as_version=4)
+    notebook = Path(notebook)
+    name = notebook.stem
+    outside = {gid for gid in judged_outside(module) if _in_notebook(module, gid, name)}
+    nb = nbformat.read(notebook, as_version=4) if notebook.exists() else None
     verdicts: dict[str, tuple[bool, str]] = {}
-    for cell in nb.cells:
+    for cell in nb.cells if nb is not None else []:
         gid = cell.metadata.get("nbgrader", {}).get("grade_id")
         if cell.cell_type != "code" or gid not in outside or gid in verdicts:
             continue
@@ -127,11 +142,12 @@ def apply(notebook: Path, gradebook_url: str, module: str, student: str) -> dict
         cell.outputs.append(_verdict_output(passed, message))
     for gid in outside - set(verdicts):       # not in the notebook at all: nothing handed in
         verdicts[gid] = judge(module, gid, None)
-    nbformat.write(nb, notebook)
+    if nb is not None:
+        nbformat.write(nb, notebook)
     with Gradebook(gradebook_url) as gb:
         for gid, (passed, _) in verdicts.items():
             try:
-                grade = gb.find_grade(gid, module, module, student)
+                grade = gb.find_grade(gid, name, module, student)
             except MissingEntry:
                 continue
             grade.auto_score = grade.max_score if passed else 0.0
