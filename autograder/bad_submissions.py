@@ -3,8 +3,8 @@
     python -m autograder.bad_submissions FOLDER [--module 01_ddp_pytorch] [--out build/grading]
 
 writes one student per kind of trouble in nbgrader's layout (``FOLDER/<student>/<module>/``)
-and ``FOLDER/expected.json``: student -> the status (and score: "full", "zero") the grader
-must give. Every notebook is the released notebook with code written into it
+and ``FOLDER/expected.json``: student -> the status (and score: "full", "zero", or "partial": more than 0
+and less than the maximum) the grader must give. Every notebook is the released notebook with code written into it
 (``autograder.samples.fill``), so cell ids, checksums and locks are the real ones. Each kind of
 trouble is in the module's first notebook (``autograder.paths.notebooks``; "renamed" renames it);
 a module's other notebooks, if it has several, hold the reference solution.
@@ -118,8 +118,10 @@ def build(folder: Path, module: str = MODULE, out: Path | None = None, port: int
     nb = fill(module, reference)
     _test_cells(nb)[0].source = "# the tests are wrong, I skip them\npass"
     write("edited_test", nb, status="tests modified")
-    write("bad_json", raw='{"cells": [{"cell_type": "code", "source": "print(1)"', status="invalid notebook", score="zero")
-    write("empty", raw="", status="invalid notebook", score="zero")
+    # a module of several notebooks: the broken one is set aside, the others (the reference here) earn their points
+    broken = {"status": "graded", "score": "partial"} if rest else {"status": "invalid notebook", "score": "zero"}
+    write("bad_json", raw='{"cells": [{"cell_type": "code", "source": "print(1)"', **broken)
+    write("empty", raw="", **broken)
     write("renamed", fill(module, reference), name=f"{main_nb}-Copy1.ipynb")
     write("snoop", with_cell(snoop_code(out, folder, port)))
     write("chatty", with_cell("for i in range(100_000):\n    print('a line of output that nobody reads', i)"))

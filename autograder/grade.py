@@ -21,8 +21,8 @@ What happens:
    status "tests modified" (the notebook is still graded: nbgrader restores the original
    test cells, ``OverwriteCells.add_missing_cells`` re-adds deleted ones, so the score is what
    the original tests give; the status tells the instructor to look). A module of several notebooks: each
-   notebook so (one invalid notebook makes the submission invalid); one that was not handed in scores 0 and the
-   row's detail names it, the others are graded; none of them handed in is an "invalid notebook".
+   notebook so; one that was not handed in, or cannot be graded (it is set aside), scores 0 and the row's detail
+   names it, the others are graded; none of them gradable is an "invalid notebook".
 4. Every remaining submission is autograded in its own process and scratch root (its notebook beside the
    module's released files, never the solutions' scripts: see ``RELEASED``), up to
    ``--jobs`` at a time, with a wall-clock and a memory limit (``autograder/contain.py`` says
@@ -187,8 +187,11 @@ def precheck_folder(folder: Path, template: Path, module: str) -> tuple[str, str
 
     A module of one notebook: exactly ``precheck`` of it (``missing`` is ""). A module of several: a notebook the
     folder lacks is not graded (nbgrader scores its cells 0) and ``missing`` says so, unless the folder lacks all of
-    them (invalid, naming them); one that cannot be graded makes the whole submission invalid (nbgrader's autograde
-    would fail on it), its name before the reason; the changed read-only cells of all of them together."""
+    them (invalid, naming them). A notebook that cannot be graded (empty, not JSON, not a notebook) beside one that
+    can is set aside, renamed ``<name>.ipynb.unreadable`` in this collected copy (nbgrader's autograde would fail on
+    it, and the others would lose their points with it): its cells score 0 and ``missing`` says why; when none can be
+    graded the submission is invalid, each notebook's name before its reason. The changed read-only cells of all of
+    them together."""
     names = notebooks(module)
     if len(names) == 1:
         return (*precheck(folder / f"{names[0]}.ipynb", template, module), "")
@@ -196,13 +199,19 @@ def precheck_folder(folder: Path, template: Path, module: str) -> tuple[str, str
     absent = [f"{n}.ipynb" for n in names if n not in present]
     if not present:
         return f"no {' or '.join(absent)}", "", ""
-    invalid, modified = [], []
+    unreadable, modified = [], []
     for n in present:
         why, changed = precheck(folder / f"{n}.ipynb", template, module)
-        invalid += [f"{n}.ipynb: {why}"] if why else []
+        unreadable += [(n, why)] if why else []
         modified += [changed] if changed else []
-    missing = f"not handed in (its cells score 0): {', '.join(absent)}" if absent else ""
-    return "; ".join(invalid), ", ".join(modified), missing
+    if len(unreadable) == len(present):
+        return "; ".join(f"{n}.ipynb: {why}" for n, why in unreadable), "", ""
+    for n, _ in unreadable:
+        (folder / f"{n}.ipynb").rename(folder / f"{n}.ipynb.unreadable")
+    missing = ([f"not handed in (its cells score 0): {', '.join(absent)}"] if absent else []) + (
+        [f"could not be graded, set aside (its cells score 0): "
+         f"{', '.join(f'{n}.ipynb ({why})' for n, why in unreadable)}"] if unreadable else [])
+    return "", ", ".join(modified), "; ".join(missing)
 
 
 def scan_folder(folder: Path, module: str) -> list[str]:

@@ -56,6 +56,8 @@ def test_every_bad_submission_gets_its_status_and_score(corpus):
         assert r["status"] == exp["status"], f"{student}: {r['status']} ({r['detail']}), expected {exp['status']}"
         if exp["score"] == "full":
             assert r["score"] == r["max_score"] > 0, f"{student}: {r['score']}/{r['max_score']} {r['detail']}"
+        elif exp["score"] == "partial":      # a module of several notebooks, one of them broken and set aside
+            assert 0 < r["score"] < r["max_score"], f"{student}: {r['score']}/{r['max_score']} {r['detail']}"
         else:
             assert r["score"] == 0, f"{student}: {r['score']}"
     assert "deleted test_" in rows["deleted_test"]["detail"]

@@ -179,10 +179,14 @@ def test_precheck_of_a_module_of_several_notebooks(course, tmp_path):
     edited.cells[-1].source = "pass"
     _write(folder / f"{PART2}.ipynb", edited)
     assert precheck_folder(folder, template, TWO) == ("", "edited test_p2", "")
-    (folder / f"{PART2}.ipynb").write_text("")
-    assert precheck_folder(folder, template, TWO) == (f"{PART2}.ipynb: empty file", "", "")
-    for name in (TWO, PART2):
-        (folder / f"{name}.ipynb").unlink()
+    (folder / f"{PART2}.ipynb").write_text("")          # a broken part 2 costs part 1 nothing: it is set aside
+    assert precheck_folder(folder, template, TWO) == (
+        "", "", f"could not be graded, set aside (its cells score 0): {PART2}.ipynb (empty file)")
+    assert not (folder / f"{PART2}.ipynb").exists() and (folder / f"{PART2}.ipynb.unreadable").read_text() == ""
+    (folder / f"{PART2}.ipynb.unreadable").unlink()
+    (folder / f"{TWO}.ipynb").write_text("{")           # none gradable: invalid, each named with its reason
+    assert precheck_folder(folder, template, TWO)[0].startswith(f"{TWO}.ipynb: not a notebook")
+    (folder / f"{TWO}.ipynb").unlink()
     assert precheck_folder(folder, template, TWO) == (f"no {TWO}.ipynb or {PART2}.ipynb", "", "")
     assert precheck_folder(folder, template, ONE) == (f"no {ONE}.ipynb", "", "")           # as today
     # the tamper scan reads every notebook, each line after its notebook's name
@@ -278,7 +282,9 @@ def test_bad_submissions_of_a_module_of_several_notebooks(course, tmp_path, monk
     got = {f.student: f for f in found}
     assert got["renamed"].detail == f"graded {TWO}-Copy1.ipynb as {TWO}.ipynb"
     template = _template(course, tmp_path)
-    assert precheck_folder(got["bad_json"].folder, template, TWO)[0].startswith(f"{TWO}.ipynb: not a notebook")
+    assert expected["bad_json"] == {"status": "graded", "score": "partial"}      # part 2 still earns its points
+    invalid, _, missing = precheck_folder(got["bad_json"].folder, template, TWO)
+    assert not invalid and missing.startswith(f"could not be graded, set aside (its cells score 0): {TWO}.ipynb (not a")
     assert precheck_folder(got["good"].folder, template, TWO) == ("", "", "")
 
 
