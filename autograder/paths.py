@@ -30,6 +30,15 @@ def notebooks(module: str) -> list[str]:
     return sorted(stems, key=lambda s: s != module) or [module]
 
 
+def module_cells(module: str, root: Path | None = None) -> list:
+    """Every cell of ``module``'s notebooks (:func:`notebooks`) under ``root`` (by default solutions/; or a course/
+    folder), in order: the first notebook's, then the next one's."""
+    import nbformat
+
+    root = SOLUTIONS if root is None else root
+    return [c for name in notebooks(module) for c in nbformat.read(root / module / f"{name}.ipynb", as_version=4).cells]
+
+
 @functools.lru_cache(maxsize=None)
 def _grade_ids(folder: Path, stamps: tuple) -> dict[str, str]:
     """grade_id -> notebook stem of the notebooks in ``folder`` (``stamps``: their names and mtimes, the cache key)."""

@@ -13,20 +13,18 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.paths import REPO, SOLUTIONS, notebooks
+from autograder.paths import REPO, module_cells, notebooks
 
 
 def solution_answers(module: str) -> dict[str, str]:
     """grade_id -> the reference code of each solution cell (markers removed), of all the module's notebooks."""
     answers = {}
-    for name in notebooks(module):
-        nb = nbformat.read(SOLUTIONS / module / f"{name}.ipynb", as_version=4)
-        for cell in nb.cells:
-            meta = cell.metadata.get("nbgrader", {})
-            if meta.get("solution") and cell.cell_type == "code":
-                lines = [ln for ln in cell.source.splitlines()
-                         if ln.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION")]
-                answers[meta["grade_id"]] = "\n".join(lines)
+    for cell in module_cells(module):
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution") and cell.cell_type == "code":
+            lines = [ln for ln in cell.source.splitlines()
+                     if ln.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION")]
+            answers[meta["grade_id"]] = "\n".join(lines)
     return answers
 
 

@@ -29,17 +29,11 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.paths import REPO, SOLUTIONS, modules, notebook_of, notebooks
+from autograder.paths import REPO, SOLUTIONS, module_cells, modules, notebook_of, notebooks
 
 MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
 PARTS = ("course", "coursekit", "binder", "deploy", "requirements.txt", "environment.yml", "pyproject.toml")
 README = Path(__file__).with_name("STUDENT_README.md")
-
-
-def _solution_cells(module: str) -> list:
-    """The cells of all the instructor's notebooks of ``module`` (``autograder.paths.notebooks``), in order."""
-    return [c for name in notebooks(module)
-            for c in nbformat.read(SOLUTIONS / module / f"{name}.ipynb", as_version=4).cells]
 
 
 def _released_notebooks(course: Path, module: str) -> list[Path]:
@@ -61,7 +55,7 @@ def secret_lines(module: str) -> set[str]:
     Lines of 25 characters or fewer (``return model``) and lines that also occur in the visible
     part of the instructor's notebooks (all of the module's) are not counted.
     """
-    cells = _solution_cells(module)
+    cells = module_cells(module)
     secret = set()
     for cell in cells:
         text = cell.source

@@ -75,12 +75,11 @@ def test_modules_judged_outside_have_no_hidden_tests_and_no_cell_judged_in_the_k
     """Every module's code exercises are judged in autograder/checks: every graded cell is judged there, no notebook
     holds hidden tests, and what the grader asks the test cells to run names cells of the module."""
     from autograder.checks import CODE, asked
-    from autograder.paths import SOLUTIONS, notebooks
+    from autograder.paths import module_cells
 
     assert set(CODE) == set(modules()), f"judged in the kernel still: {sorted(set(modules()) - set(CODE))}"
     for module in CODE:
-        cells = [c for name in notebooks(module)      # every notebook of the module
-                 for c in nbformat.read(SOLUTIONS / module / f"{name}.ipynb", as_version=4).cells]
+        cells = module_cells(module)      # every notebook of the module
         graded = {c.metadata["nbgrader"]["grade_id"] for c in cells if c.metadata.get("nbgrader", {}).get("grade")}
         assert graded == judged_outside(module), f"{module}: judged in the kernel: {graded - judged_outside(module)}"
         assert not any("HIDDEN TESTS" in c.source for c in cells), f"{module}: hidden tests in the notebook"
@@ -115,12 +114,11 @@ def test_what_the_grader_asks_a_kernel_to_run_is_inputs_never_answer_code():
     """COURSE_ASKED reaches the kernel, where a submission's code can read it while it is graded: it holds inputs
     (seeds, sizes, configs), never code; above all no line of a solution cell."""
     from autograder.checks import asked
-    from autograder.paths import SOLUTIONS, notebooks
+    from autograder.paths import module_cells
 
     for module in modules():
         sent = json.dumps(asked(module))
-        cells = [c for name in notebooks(module)
-                 for c in nbformat.read(SOLUTIONS / module / f"{name}.ipynb", as_version=4).cells]
+        cells = module_cells(module)
         answers = [line.strip() for c in cells if c.metadata.get("nbgrader", {}).get("solution")
                    for line in c.source.splitlines()]
         leaked = [line for line in answers if len(line) > 12 and not line.startswith(("#", "###")) and line in sent]

@@ -63,7 +63,7 @@ def course(tmp_path, monkeypatch):
     checkpoint = root / "solutions" / TWO / ".ipynb_checkpoints"
     checkpoint.mkdir()
     nbformat.write(_notebook(TWO, False), checkpoint / f"{TWO}-checkpoint.ipynb")
-    for module in (paths, samples, cache, student_release):
+    for module in (paths, cache, student_release):
         monkeypatch.setattr(module, "SOLUTIONS", root / "solutions")
     for module in (samples, bad_submissions, mutants):
         monkeypatch.setattr(module, "REPO", root)

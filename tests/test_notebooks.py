@@ -13,11 +13,10 @@ import contextlib
 import json
 import threading
 import warnings
+from pathlib import Path
 
 import psutil
 import pytest
-
-from pathlib import Path
 
 from autograder.contain import memory_cgroup
 from autograder.paths import notebooks
@@ -129,13 +128,13 @@ class ResidentPeak:
         self._thread.join()
 
 
-def check_learning(result: dict, module: str, notebook: Path | None = None) -> None:
+def check_learning(result: dict, notebook: Path) -> None:
     """The notebook ran, and its distributed runs agree with one process. A notebook that trains (every module's last
     notebook does) shows learning: its loss falls and its test accuracy beats chance. The first part of a module in two
     (05) trains in its second part: it must show its distributed step equal to one process's."""
     assert result["returncode"] == 0, result["log_tail"]
-    record = result["record"]
-    if "losses" not in record and notebook is not None and notebook.stem != notebooks(module)[-1]:
+    record, module = result["record"], notebook.parent.name
+    if "losses" not in record and notebook.stem != notebooks(module)[-1]:
         assert "oracle_max_difference" in record, (
             f"{notebook.name} records neither a training run (losses) nor a comparison with one process: {record}")
         assert record["oracle_max_difference"] < 1e-5, record
@@ -200,7 +199,7 @@ def test_notebook_runs_and_learns_within_binders_memory(notebook, tmp_path):
     assert not oom_kills, (f"{module} was OOM-killed {oom_kills} time(s) at Binder's limit ({limit_mib} MiB); at "
                            f"the peak: {result['peak_by_process_mib']}\n{result['log_tail']}")
     assert result["returncode"] != -9, f"{module} stalled: not finished in {STALL_S} s\n{result['log_tail']}"
-    check_learning(result, module, notebook)
+    check_learning(result, notebook)
     if group:
         assert figures["peak_anon_shmem_percent_of_limit"] <= HEADROOM_GUARD_PERCENT, (
             f"{module} peaked at {resident_mib} MiB of anonymous + shared memory in Binder mode, "
@@ -234,7 +233,7 @@ def test_notebook_runs_and_learns_on_a_laptop_with_ray(notebook, tmp_path):
     save(f"{notebook.stem}-laptop", {k: v for k, v in result.items() if k != "log_tail"})
     print(f"{notebook.name}: {result['wall_s']} s, peak {result['peak_pss_mib']} MiB PSS: "
           f"{result['peak_by_process_mib']}")
-    check_learning(result, notebook.parent.name, notebook)
+    check_learning(result, notebook)
     if notebook.parent.name == "04_fault_tolerance":   # the sections Binder cannot run ran here
         assert "tune_best_accuracy" in result["record"], "the Tune search ran"
         sizes = result["record"]["elastic_world_sizes"]       # the elastic run lost its worker node after epoch 1

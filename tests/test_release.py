@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.paths import notebooks
+from autograder.paths import module_cells, notebooks
 from autograder.release import modules
 from helpers import REPO
 
@@ -21,10 +21,8 @@ NOTEBOOKS = [(module, stem) for module in modules() for stem in notebooks(module
 def read_module(module: str, root: Path = SOLUTIONS):
     """The module's notebooks read as one (their cells in order: part 1, then part 2), for checks of a module as a
     whole."""
-    stems = notebooks(module)
-    nb = nbformat.read(root / module / f"{stems[0]}.ipynb", as_version=4)
-    for stem in stems[1:]:
-        nb.cells += nbformat.read(root / module / f"{stem}.ipynb", as_version=4).cells
+    nb = nbformat.v4.new_notebook()
+    nb.cells = module_cells(module, root)
     return nb
 
 
