@@ -1,7 +1,8 @@
 """Per-rank memory accounting: how many bytes of parameters, gradients and optimizer state
 does *this* rank hold?
 
-Under DDP every rank holds full copies. Under FSDP2 (``fully_shard``) the parameters,
+Under DDP every rank holds full copies (and a second copy of the gradients in its all-reduce buckets,
+counted with the gradients). Under FSDP2 (``fully_shard``) the parameters,
 their gradients and the optimizer state are ``DTensor``s, and a rank holds only its
 local shard (``DTensor.to_local()``). The functions here count what a rank really
 holds, so notebooks *measure* the saving instead of quoting it:
@@ -79,16 +80,36 @@ def optimizer_state_bytes(optimizer) -> int:
     return total
 
 
+def ddp_bucket_bytes(model: torch.nn.Module) -> int:
+    """Bytes DDP keeps in its all-reduce buckets beside the gradients (0 for a model that is not DDP).
+
+    DDP's reducer allocates, when it is built, buckets that hold every gradient (in 25 MiB buckets by default) and
+    all-reduces them there: a second copy of all the gradients, unless ``gradient_as_bucket_view=True`` makes each
+    ``.grad`` a view into its bucket (then the buckets *are* the gradients, counted once). The sizes are the ones the
+    reducer reports itself (``bucket_sizes`` of DDP's logging data, torch 2.14)."""
+    logging_data = getattr(model, "_get_ddp_logging_data", None)
+    if logging_data is None:
+        return 0
+    data = logging_data()
+    if data.get("gradient_as_bucket_view"):
+        return 0
+    sizes = str(data.get("bucket_sizes", "")).replace(",", " ").split()
+    return sum(int(size) for size in sizes)
+
+
 def rank_bytes(model: torch.nn.Module, optimizer=None) -> dict[str, int]:
     """This rank's bytes of parameters, gradients and optimizer state.
 
     Works for a plain model, a DDP-wrapped one (full copies) and an FSDP2 model
     (local shards). Gradients count once they exist (after a backward pass), the
-    optimizer state once it exists (after the first ``step``)."""
+    optimizer state once it exists (after the first ``step``). Under DDP ``grads`` also holds the
+    copy of the gradients in DDP's all-reduce buckets (:func:`ddp_bucket_bytes`), as
+    :func:`zero_rank_bytes` counts DeepSpeed's gradient buffers: what each strategy keeps to reduce its
+    gradients counts the same way."""
     params = list(model.parameters())
     return {
         "params": sum(tensor_bytes(p) for p in params),
-        "grads": sum(tensor_bytes(p.grad) for p in params),
+        "grads": sum(tensor_bytes(p.grad) for p in params) + ddp_bucket_bytes(model),
         "optimizer": optimizer_state_bytes(optimizer),
     }
 

@@ -7,8 +7,9 @@ strategies, from the parameter count, the world size, the precision and offload:
 1.05
 
 What is counted is *model state*: parameters, gradients and optimizer state (Adam(W): two moments,
-plus the fp32 master copy where one exists). Communication buffers (DDP's buckets),
-gathered FSDP2/ZeRO-3 units and the allocator's overhead come on top; on a GPU,
+plus the fp32 master copy where one exists), and under DDP the second copy of the gradients that its all-reduce
+buckets hold (counted with the gradients, as the measurement counts it). Other communication buffers (ZeRO's
+buckets), gathered FSDP2/ZeRO-3 units and the allocator's overhead come on top; on a GPU,
 ``torch.cuda.max_memory_allocated`` shows them. *Activations* (what the forward pass keeps for the backward pass)
 have a model of their own for the course's ViT, with and without activation checkpointing and tensor parallelism
 (:func:`vit_activation_bytes`). The measurement that checks these predictions is
@@ -23,7 +24,7 @@ from coursekit.memory import KINDS
 
 #: strategy -> a short description (the planner's dropdown and the comparison table use these names)
 STRATEGIES = {
-    "ddp": "DDP (torchrun or Ray Train): a full copy on every rank",
+    "ddp": "DDP (torchrun or Ray Train): a full copy on every rank, and the gradients again in its buckets",
     "fsdp2": "FSDP2 (fully_shard): parameters, gradients and optimizer state sharded",
     "zero1": "DeepSpeed ZeRO-1: optimizer state partitioned",
     "zero2": "DeepSpeed ZeRO-2: + gradients partitioned",
@@ -104,12 +105,16 @@ def _sharded_params(key: str, num_params: int, world_size: int, ranks_per_node, 
 
 def predict(num_params: int, world_size: int, strategy: str, precision: str = "fp32",
             offload: bool = False, accumulation: bool = True, *, ranks_per_node: int | None = None,
-            tp: int | None = None, tp_params: int | None = None) -> dict[str, float]:
+            tp: int | None = None, tp_params: int | None = None, buckets: bool = True) -> dict[str, float]:
     """Bytes of model state per rank: ``params``, ``grads``, ``optimizer``, their sum on the
     accelerator (``device``) and what offload keeps in host memory instead (``host``).
 
-    - DDP holds everything in full: 4 + 4 + 8 bytes per parameter with Adam. Mixed precision under
-      DDP (``torch.autocast``) casts activations and matmuls, not the model state: still 16 bytes.
+    - DDP holds everything in full: 4 + 4 + 8 bytes per parameter with Adam, and its all-reduce buckets hold a
+      second copy of the gradients (4 more bytes in ``grads``: 20 in all). ``buckets=False`` leaves that copy out:
+      ``DistributedDataParallel(..., gradient_as_bucket_view=True)`` makes the gradients views into the buckets, and
+      a single process that nothing wraps in DDP (Ray Train's ``prepare_model`` on one worker) has none: 16 bytes.
+      Mixed precision under DDP (``torch.autocast``) casts activations and matmuls, not the model state or its fp32
+      gradients: still the same bytes.
     - FSDP2 shards all three along dim 0 (the largest rank holds ``ceil(num_params / N)`` values);
       its ``MixedPrecisionPolicy`` keeps the sharded fp32 state, so precision does not change it.
       ``CPUOffloadPolicy`` (``offload=True``) keeps the shards and the optimizer step on the host.
@@ -143,7 +148,8 @@ def predict(num_params: int, world_size: int, strategy: str, precision: str = "f
         if offload:
             raise ValueError("DDP cannot offload: every rank keeps a full copy on its device. "
                              "Use FSDP2 (CPUOffloadPolicy) or ZeRO-Offload (zero1/zero2/zero3)")
-        state = {"params": 4.0 * num_params, "grads": 4.0 * num_params, "optimizer": 8.0 * num_params}
+        copy = 4.0 * num_params if buckets else 0.0      # DDP's buckets: a copy of every fp32 gradient
+        state = {"params": 4.0 * num_params, "grads": 4.0 * num_params + copy, "optimizer": 8.0 * num_params}
     elif key in ("fsdp2", "hsdp", "tp_fsdp"):
         shard = math.ceil(_sharded_params(key, num_params, int(world_size), ranks_per_node, tp, tp_params))
         state = {"params": 4.0 * shard, "grads": 4.0 * shard, "optimizer": 8.0 * shard}
@@ -160,7 +166,7 @@ def predict(num_params: int, world_size: int, strategy: str, precision: str = "f
 
 
 #: per-row options of a measurement that :func:`compare` passes on to :func:`predict` (and keeps apart)
-OPTIONS = ("ranks_per_node", "tp", "tp_params", "checkpointing")
+OPTIONS = ("ranks_per_node", "tp", "tp_params", "buckets", "checkpointing")
 
 
 def _given(value) -> bool:
@@ -173,8 +179,8 @@ def compare(measured, num_params: int, precision: str = "fp32", tolerance: float
 
     ``measured`` is a DataFrame (or list of dicts) with ``strategy``, ``world_size`` and the bytes
     of ``params``, ``grads`` and ``optimizer`` of a rank (the largest rank per strategy counts).
-    Rows may carry :data:`OPTIONS`: ``ranks_per_node`` (HSDP), ``tp`` and ``tp_params`` (TP x FSDP2) go to
-    :func:`predict`; runs that differ in them, or in ``checkpointing``, are compared apart.
+    Rows may carry :data:`OPTIONS`: ``ranks_per_node`` (HSDP), ``tp`` and ``tp_params`` (TP x FSDP2) and
+    ``buckets`` (DDP) go to :func:`predict`; runs that differ in them, or in ``checkpointing``, are compared apart.
     Returns a DataFrame with the predicted and measured totals, their ratio and ``within``
     (``|ratio - 1| <= tolerance``); ``accumulation`` as in :func:`predict`.
 
@@ -191,6 +197,8 @@ def compare(measured, num_params: int, precision: str = "fp32", tolerance: float
     for _, row in worst.iterrows():
         given = {k: row[k] for k in options if _given(row[k])}
         shape = {k: int(given[k]) for k in ("ranks_per_node", "tp", "tp_params") if k in given}
+        if "buckets" in given:
+            shape["buckets"] = bool(given["buckets"])
         predicted = predict(num_params, int(row["world_size"]), row["strategy"], precision,
                             accumulation=accumulation, **shape)["device"]
         ratio = row["measured"] / predicted if predicted else float("nan")

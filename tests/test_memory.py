@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from coursekit.distributed import run_distributed
-from coursekit.memory import (bar_chart, count_params, format_bytes, local_tensor, memory_table,
-                              optimizer_state_bytes, padding_bytes, peak_device_bytes, rank_bytes)
+from coursekit.memory import (PeakTensorBytes, bar_chart, count_params, ddp_bucket_bytes, format_bytes, local_tensor,
+                              memory_table, optimizer_state_bytes, padding_bytes, peak_device_bytes, rank_bytes)
 
 
 def _step(model, optimizer):
@@ -80,7 +80,7 @@ def test_fsdp2_ranks_hold_local_shards(world_size):
     fsdp = run_distributed(_measure, world_size, "fsdp2")
     n = 5 * 9 + 9 + 9 * 3 + 3
     assert all(r["count"] == n for r in ddp + fsdp), "count_params counts the global size"
-    assert all(r["params"] == r["grads"] == 4 * n for r in ddp)
+    assert all(r["params"] == 4 * n and r["grads"] == 2 * 4 * n for r in ddp), "gradients + DDP's bucket copy"
     # the shards add up to the whole, and each rank holds its chunk of every dim-0 split
     assert sum(r["params"] for r in fsdp) == 4 * n
     assert sum(r["grads"] for r in fsdp) == 4 * n
@@ -93,6 +93,33 @@ def test_fsdp2_ranks_hold_local_shards(world_size):
     assert all(r["padding"] == 0 for r in ddp)
     table = memory_table(ddp + fsdp)
     assert list(table.columns)[-1] == "total" and len(table) == 2 * world_size
+
+
+def _ddp_buckets(rank, world_size, bucket_view):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(300, 300) for _ in range(3)])
+    with PeakTensorBytes() as built:
+        model = DDP(model, gradient_as_bucket_view=bucket_view)
+    optimizer = torch.optim.Adam(model.parameters())
+    for _ in range(2):                                     # the reducer may rebuild its buckets after the first step
+        model(torch.randn(3, 300)).sum().backward()
+        optimizer.step()
+    return {"built": built.bytes, "buckets": ddp_bucket_bytes(model), **rank_bytes(model, optimizer),
+            "n": count_params(model)}
+
+
+@pytest.mark.parametrize("bucket_view", [False, True])
+def test_ddp_buckets_count_with_the_gradients_unless_the_gradients_are_views(bucket_view):
+    """DDP's reducer allocates its buckets when it is built (measured: the live tensors rise by every gradient's
+    bytes); without gradient_as_bucket_view they are a second copy of the gradients, which rank_bytes counts in grads
+    (as zero_rank_bytes counts DeepSpeed's gradient buffers), with it the gradients are views into them (once)."""
+    for r in run_distributed(_ddp_buckets, 2, bucket_view):
+        assert r["built"] == 4 * r["n"], "DDP allocates one bucket slot per gradient value when it is built"
+        assert r["params"] == 4 * r["n"]
+        assert r["buckets"] == (0 if bucket_view else 4 * r["n"])
+        assert r["grads"] == 4 * r["n"] + r["buckets"]
+    assert ddp_bucket_bytes(torch.nn.Linear(3, 3)) == 0, "no DDP, no buckets"
 
 
 def test_table_chart_and_formatting():

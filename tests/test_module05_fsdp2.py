@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from coursekit.distributed import run_distributed
-from coursekit.memory import rank_bytes
+from coursekit.memory import ddp_bucket_bytes, rank_bytes
 from coursekit.models import ViT, build_model
 
 SHAPE = dict(depth=2, width=64, heads=4, patch=7)   # the smoke-size ViT
@@ -61,16 +61,17 @@ def _bytes(rank, world_size, strategy):
     optimizer = torch.optim.AdamW(model.parameters())
     F.cross_entropy(model(BATCH[0][:2]), BATCH[1][:2]).backward()
     optimizer.step()
-    return rank_bytes(model, optimizer)
+    return {**rank_bytes(model, optimizer), "buckets": ddp_bucket_bytes(model)}
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_fsdp2_memory_per_rank_is_within_5_percent_of_one_nth(world_size):
     ddp = run_distributed(_bytes, world_size, "ddp")
     fsdp = run_distributed(_bytes, world_size, "fsdp2")
+    assert all(r["buckets"] == r["params"] for r in ddp), "DDP's buckets: a second copy of every fp32 gradient"
     for kind in ("params", "grads", "optimizer"):
         assert len({r[kind] for r in ddp}) == 1, "DDP ranks hold identical full copies"
-        full = ddp[0][kind]
+        full = ddp[0][kind] - (ddp[0]["buckets"] if kind == "grads" else 0)   # DDP's bucket copy is not sharded
         assert full > 0
         for r in fsdp:
             assert r[kind] <= 1.05 * full / world_size, (kind, r[kind], full / world_size)
