@@ -320,7 +320,8 @@ def memory(ctx: dict) -> dict:
             "how": (f"module 07's training functions (train_ray_*.py) on real gloo ranks (Ray Train's context "
                     f"simulated): 2 ranks, and 2 nodes x 2 for HSDP and TP x FSDP2; ViT of {r['num_params']} "
                     "parameters, fp32, Adam; `coursekit.stepmeter.StepMeter` counts each rank's parameters, "
-                    "gradients and optimizer state after the backward pass, and the activations the FSDP2 "
+                    "gradients (DDP's: with their copy in its all-reduce buckets; ZeRO's: with its gradient "
+                    "buffers) and optimizer state after the backward pass, and the activations the FSDP2 "
                     "script's forward pass saves; `coursekit.planner.compare` against `predict` "
                     "(accumulation=False: the scripts do not accumulate) and `vit_activation_bytes`. "
                     "Target: within 10%.")}
