@@ -107,12 +107,7 @@ def _stand_in(module: str, missing: str, others: list[Path]) -> Path | None:
             gids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in cells} - {None}
         except (OSError, ValueError, AttributeError):
             continue
-        owners = set()
-        for gid in gids:
-            try:
-                owners.add(notebook_of(module, gid))
-            except KeyError:
-                pass
+        owners = {notebook_of(module, gid, default=None) for gid in gids} - {None}
         if owners == {missing}:
             fits.append(path)
     return fits[0] if len(fits) == 1 else None

@@ -52,14 +52,20 @@ def _grade_ids(folder: Path, stamps: tuple) -> dict[str, str]:
     return owner
 
 
-def notebook_of(module: str, grade_id: str) -> str:
+_MISSING = object()
+
+
+def notebook_of(module: str, grade_id: str, default=_MISSING) -> str:
     """The notebook (its stem, see :func:`notebooks`) of ``module`` whose cells carry nbgrader's ``grade_id``, read
-    from the solutions notebooks' cell metadata (cached until one of them changes). KeyError: in none of them."""
+    from the solutions notebooks' cell metadata (cached until one of them changes). In none of them: ``default``
+    where one is given, else KeyError."""
     folder = SOLUTIONS / module
     stamps = tuple((f"{stem}.ipynb", (folder / f"{stem}.ipynb").stat().st_mtime_ns) for stem in notebooks(module)
                    if (folder / f"{stem}.ipynb").is_file())
     owner = _grade_ids(folder, stamps).get(grade_id)
     if owner is None:
+        if default is not _MISSING:
+            return default
         raise KeyError(f"{module}: no notebook has a cell with grade_id {grade_id!r}")
     return owner
 

@@ -41,14 +41,6 @@ def _released_notebooks(course: Path, module: str) -> list[Path]:
     return [p for name in notebooks(module) if (p := course / module / f"{name}.ipynb").exists()]
 
 
-def _notebook_of(module: str, grade_id: str) -> str | None:
-    """``autograder.paths.notebook_of``, None for a grade_id in none of the module's notebooks."""
-    try:
-        return notebook_of(module, grade_id)
-    except KeyError:
-        return None
-
-
 def secret_lines(module: str) -> set[str]:
     """Lines of ``module``'s solution code and hidden tests that must never reach students.
 
@@ -498,7 +490,7 @@ def answer_leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
             nb_path = (course / owner / f"{name}.ipynb").relative_to(folder)
             where = "outside its cell" if m == owner else f"in {owner}, before {m}'s deadline"
             for answer in items:      # every cell that shows it: one reviewed cell never hides another
-                own = m == owner and answer[0] >= 0 and _notebook_of(m, answer[1]) == name    # the answer's notebook
+                own = m == owner and answer[0] >= 0 and notebook_of(m, answer[1], default=None) == name    # the answer's notebook
                 for i, c in enumerate(cells):
                     if not (own and i == answer[0]) and (why := _leak(c, answer, m == owner, prerequisites)):
                         found.append(f"{nb_path}: the answer of {m}'s {answer[1]} is shown {where}: cell {i}: {why}")

@@ -86,6 +86,7 @@ def test_notebooks_and_notebook_of(course):
     assert paths.notebook_of(ONE, "test_a_one") == ONE
     with pytest.raises(KeyError):
         paths.notebook_of(TWO, "a_one")
+    assert paths.notebook_of(TWO, "a_one", default=None) is None and paths.notebook_of(TWO, "p2", default=None) == PART2
     # the cache follows an edited notebook: test_p2 moved to part 1
     part1, part2 = _notebook(TWO, False), _notebook(PART2, False)
     part1.cells.append(part2.cells.pop())

@@ -107,17 +107,6 @@ def _verdict_output(passed: bool, message: str):
     return nbformat.v4.new_output("error", ename=VERDICT, evalue=message, traceback=[f"{VERDICT}: {message}"])
 
 
-def _in_notebook(module: str, grade_id: str, notebook: str) -> bool:
-    """Whether ``grade_id``'s cells are in ``module``'s notebook ``notebook`` (a stem); a grade_id in none of the
-    module's notebooks counts as the first one's."""
-    from autograder.paths import notebook_of, notebooks
-
-    try:
-        return notebook_of(module, grade_id) == notebook
-    except KeyError:
-        return notebooks(module)[0] == notebook
-
-
 def apply(notebook: Path, gradebook_url: str, module: str, student: str) -> dict[str, bool]:
     """Judge every cell of ``judged_outside(module)`` that belongs to the autograded ``notebook`` (one of the module's
     notebooks, ``autograder.paths.notebook_of``): its score into the gradebook, under that notebook's name (full
@@ -127,9 +116,12 @@ def apply(notebook: Path, gradebook_url: str, module: str, student: str) -> dict
     import nbformat
     from nbgrader.api import Gradebook, MissingEntry
 
+    from autograder.paths import notebook_of, notebooks
+
     notebook = Path(notebook)
     name = notebook.stem
-    outside = {gid for gid in judged_outside(module) if _in_notebook(module, gid, name)}
+    first = notebooks(module)[0]     # a grade_id in none of the module's notebooks counts as the first one's
+    outside = {gid for gid in judged_outside(module) if notebook_of(module, gid, default=first) == name}
     nb = nbformat.read(notebook, as_version=4) if notebook.exists() else None
     verdicts: dict[str, tuple[bool, str]] = {}
     for cell in nb.cells if nb is not None else []:
