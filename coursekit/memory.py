@@ -86,15 +86,19 @@ def ddp_bucket_bytes(model: torch.nn.Module) -> int:
     DDP's reducer allocates, when it is built, buckets that hold every gradient (in 25 MiB buckets by default) and
     all-reduces them there: a second copy of all the gradients, unless ``gradient_as_bucket_view=True`` makes each
     ``.grad`` a view into its bucket (then the buckets *are* the gradients, counted once). The sizes are the ones the
-    reducer reports itself (``bucket_sizes`` of DDP's logging data, torch 2.14)."""
-    logging_data = getattr(model, "_get_ddp_logging_data", None)
-    if logging_data is None:
+    reducer reports itself (``bucket_sizes`` of DDP's logging data: private, torch 2.14; a torch that no longer has
+    it raises here, saying so, instead of counting no buckets)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel) or model.gradient_as_bucket_view:
         return 0
-    data = logging_data()
-    if data.get("gradient_as_bucket_view"):
-        return 0
-    sizes = str(data.get("bucket_sizes", "")).replace(",", " ").split()
-    return sum(int(size) for size in sizes)
+    try:
+        sizes = model._get_ddp_logging_data()["bucket_sizes"]
+    except (AttributeError, KeyError) as e:
+        raise RuntimeError(f"torch {torch.__version__} does not report DDP's bucket sizes where coursekit.memory "
+                           "reads them (DistributedDataParallel._get_ddp_logging_data()['bucket_sizes'], torch "
+                           "2.14): update ddp_bucket_bytes for this torch") from e
+    return sum(int(size) for size in str(sizes).replace(",", " ").split())
 
 
 def rank_bytes(model: torch.nn.Module, optimizer=None) -> dict[str, int]:

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from coursekit.distributed import run_distributed
-from coursekit.memory import (PeakTensorBytes, bar_chart, count_params, ddp_bucket_bytes, format_bytes, local_tensor,
-                              memory_table, optimizer_state_bytes, padding_bytes, peak_device_bytes, rank_bytes)
+from coursekit.memory import (bar_chart, count_params, ddp_bucket_bytes, format_bytes, local_tensor, memory_table,
+                              optimizer_state_bytes, padding_bytes, peak_device_bytes, rank_bytes)
 
 
 def _step(model, optimizer):
@@ -96,29 +96,39 @@ def test_fsdp2_ranks_hold_local_shards(world_size):
 
 
 def _ddp_buckets(rank, world_size, bucket_view):
+    from unittest import mock
+
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    model = torch.nn.Sequential(*[torch.nn.Linear(300, 300) for _ in range(3)])
-    with PeakTensorBytes() as built:
-        model = DDP(model, gradient_as_bucket_view=bucket_view)
+    model = DDP(torch.nn.Sequential(*[torch.nn.Linear(300, 300) for _ in range(3)]), gradient_as_bucket_view=bucket_view)
     optimizer = torch.optim.Adam(model.parameters())
     for _ in range(2):                                     # the reducer may rebuild its buckets after the first step
         model(torch.randn(3, 300)).sum().backward()
         optimizer.step()
-    return {"built": built.bytes, "buckets": ddp_bucket_bytes(model), **rank_bytes(model, optimizer),
-            "n": count_params(model)}
+    # with bucket views each .grad is a view into its bucket: their storages are the buckets DDP really allocated
+    storages = {p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes() for p in model.parameters()}
+    with mock.patch.object(DDP, "_get_ddp_logging_data", lambda self: {}):    # a torch without the private field
+        try:
+            ddp_bucket_bytes(model)
+            refused = bucket_view                      # with bucket views nothing is read: 0, no error needed
+        except RuntimeError as e:
+            refused = "bucket sizes" in str(e)
+    return {"bucket storage": sum(storages.values()), "buckets": ddp_bucket_bytes(model),
+            **rank_bytes(model, optimizer), "n": count_params(model), "refused": refused}
 
 
 @pytest.mark.parametrize("bucket_view", [False, True])
 def test_ddp_buckets_count_with_the_gradients_unless_the_gradients_are_views(bucket_view):
-    """DDP's reducer allocates its buckets when it is built (measured: the live tensors rise by every gradient's
-    bytes); without gradient_as_bucket_view they are a second copy of the gradients, which rank_bytes counts in grads
-    (as zero_rank_bytes counts DeepSpeed's gradient buffers), with it the gradients are views into them (once)."""
+    """DDP's buckets hold every gradient: with gradient_as_bucket_view the gradients are views into them (the
+    buckets' storage, measured, is every gradient's bytes; counted once); without, the buckets are a second copy of
+    the gradients, which rank_bytes counts in grads (as zero_rank_bytes counts DeepSpeed's gradient buffers)."""
     for r in run_distributed(_ddp_buckets, 2, bucket_view):
-        assert r["built"] == 4 * r["n"], "DDP allocates one bucket slot per gradient value when it is built"
         assert r["params"] == 4 * r["n"]
+        if bucket_view:
+            assert r["bucket storage"] == 4 * r["n"], "the buckets hold one slot per gradient value"
         assert r["buckets"] == (0 if bucket_view else 4 * r["n"])
         assert r["grads"] == 4 * r["n"] + r["buckets"]
+        assert r["refused"], "a torch that no longer reports the bucket sizes gets a clear error, not 0 bytes"
     assert ddp_bucket_bytes(torch.nn.Linear(3, 3)) == 0, "no DDP, no buckets"
 
 
