@@ -53,8 +53,10 @@ def unpack(data: bytes, dest: Path) -> Path:
 
 
 def template_parts(module: str) -> list[str]:
-    """What of a module's template a node needs: the gradebook and the release, not the solutions."""
-    return ["gradebook.db", f"course/{module}"]
+    """What of a module's template a node needs: the gradebook, the release and the data, not the solutions."""
+    from autograder.job import DATA
+
+    return ["gradebook.db", f"course/{module}", DATA]
 
 
 def grade_on_node(found, template_tar: bytes, submission_tar: bytes, timeout: float, memory: int,

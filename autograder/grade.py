@@ -72,7 +72,7 @@ from autograder.checks.tamper import scan
 from autograder.collect import Found, collect
 from autograder.contain import jail_available, jail_missing_reason
 from autograder.gradebook import forget, merge, plain_feedback
-from autograder.job import config_text, hidden_paths, run_job
+from autograder.job import DATA, config_text, hidden_paths, job_threads, run_job
 from autograder.paths import SOLUTIONS, modules, notebooks, tool_env
 from autograder.release import strip_scripts
 from autograder.reports import STATUSES, write_reports
@@ -139,7 +139,19 @@ def prepare(out: Path, wanted: list[str]) -> dict[str, Path]:
             _register(main, m)
             registered[m] = digest
             hashes_file.write_text(json.dumps(registered, indent=1, sort_keys=True))
+        offline_digits(tpl / DATA)
     return templates
+
+
+def offline_digits(folder: Path) -> None:
+    """The course's offline data set (``coursekit.data.load_digits``: scikit-learn's digits on MNIST's canvas, kept
+    as .npy files) made once in ``folder``, which every job of the template gets as its ``COURSE_DATA``
+    (``autograder.job``): each kernel then reads it instead of importing scikit-learn (about 1 s per kernel) and
+    writing it again, and every job grades on the same data, whatever the grading machine's own data folder holds."""
+    from coursekit.data import load_digits
+
+    for train in (True, False):
+        load_digits(train=train, data_dir=str(folder), quiet=True)
 
 
 # ---------------------------------------------------------------- checks before running anything
@@ -310,7 +322,7 @@ def run_jobs(jobs: list[Job], templates: dict[str, Path], hide_also: list[Path],
     try:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             futures = {pool.submit(run_job, j.found, templates[j.found.module], jobs_base, hide, j.timeout, memory,
-                                   j.feedback): j
+                                   j.feedback, threads=job_threads(workers)): j
                        for j in jobs}
             for fut in as_completed(futures):
                 run = fut.result()

@@ -6,6 +6,7 @@ gradebook, never the solutions), the jail's hidden folders, the limits (``autogr
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -21,6 +22,8 @@ from autograder.paths import CONFIG, REPO, SOLUTIONS
 # the module's RELEASE (its scripts with their solution regions stubbed, its figures), never the solutions, so a
 # submission's code reaches only what its student was given. The hidden tests come from the gradebook.
 RELEASED = "released"
+# A template's folder of the course's data (``autograder.grade.offline_digits``), copied into each job: its COURSE_DATA.
+DATA = "data"
 
 
 def config_text(root: Path, autograded: Path | None = None, timeout: float | None = None,
@@ -64,11 +67,19 @@ def hidden_paths(out: Path, submissions: Path) -> list[Path]:
     return list(dict.fromkeys(p.resolve() for p in paths))
 
 
+def job_threads(jobs_at_once: int) -> int:
+    """Torch's threads for each job's kernel when ``jobs_at_once`` jobs share this machine: its CPUs divided among
+    them (on 2 cores and ``--jobs 2``, 1 each: two kernels of 2 threads each took 11-18% longer on module 07)."""
+    return max(1, len(os.sched_getaffinity(0)) // max(1, jobs_at_once))
+
+
 def run_job(f: Found, template: Path, jobs_base: Path, hide: list[Path], timeout: float,
-            memory: int, feedback: bool = True, warm: bool = True) -> dict:
+            memory: int, feedback: bool = True, warm: bool = True, threads: int | None = None) -> dict:
     """Autograde one submission in its own scratch root and process (forked by a warm worker: see
     ``autograder.contain.WarmWorker``; ``warm=False``: a fresh ``python -m autograder.worker``, which the
-    benchmark compares), with its HTML feedback page unless ``feedback`` is False; return what happened."""
+    benchmark compares), with its HTML feedback page unless ``feedback`` is False; return what happened.
+    ``threads``: the kernel's OMP_NUM_THREADS, unless the grader's environment sets it (an instructor's choice; a
+    Ray task's, which Ray sets to its CPUs)."""
     job = Path(tempfile.mkdtemp(prefix="job-", dir=jobs_base))
     root = job / "root"
     root.mkdir()
@@ -77,13 +88,18 @@ def run_job(f: Found, template: Path, jobs_base: Path, hide: list[Path], timeout
     shutil.copy(template / "gradebook.db", root / "gradebook.db")
     (root / "nbgrader_config.py").write_text(config_text(root, job / "work", timeout, job / "runtime"))
     shutil.copytree(f.folder, root / "submitted" / f.student / f.module)
+    if (template / DATA).is_dir():
+        shutil.copytree(template / DATA, job / DATA)
     workdir = job / "work" / f.student / f.module
     env = {"COURSE_GRADING": "1", "COURSE_SIZE": "smoke", "COURSE_STORAGE": str(job / "storage"),
-           "CUDA_VISIBLE_DEVICES": "", "COURSE_RECORD": "", "MPLBACKEND": "Agg",
-           "JUPYTER_PATH": str(write_kernelspec(job, workdir, hide, REPO, [job / "runtime", job / "storage"])),
+           "COURSE_DATA": str(job / DATA), "CUDA_VISIBLE_DEVICES": "", "COURSE_RECORD": "", "MPLBACKEND": "Agg",
+           "JUPYTER_PATH": str(write_kernelspec(job, workdir, hide, REPO,
+                                                [job / "runtime", job / "storage", job / DATA])),
            "JUPYTER_RUNTIME_DIR": str(job / "runtime"), "PYTHONPATH": str(REPO),
            "COURSE_ASKED": json.dumps(asked(f.module)),      # the hidden inputs the test cells run for the grader
            "PYTHONDONTWRITEBYTECODE": "1"}
+    if threads and "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(threads)
     argv = [str(job), f.student, f.module, *([] if feedback else ["--no-feedback"])]
     outcome = run_limited(None if warm else [sys.executable, "-m", "autograder.worker", *argv], cwd=root, env=env,
                           timeout=timeout, memory=memory, log=job / "worker.log", worker_argv=argv if warm else None)
