@@ -25,6 +25,7 @@ import builtins
 import shutil
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import nbformat
@@ -308,6 +309,14 @@ class Code:
             self.api = calls(tree)
         self.lines = _lines(text)
         self.code = not figure
+        self.unit_counts = [Counter(u) for u in self.units]
+
+
+@functools.lru_cache(maxsize=None)
+def code_of(text: str, figure: bool = False) -> Code:
+    """``Code(text, figure)``, made once per text: the check reads each module's released cells again for every
+    later module (read-only, shared)."""
+    return Code(text, figure)
 
 
 def _answer_code(chunk: str) -> tuple[list[str], dict, dict, dict]:
@@ -367,7 +376,10 @@ def _leak(text: Code, answer: tuple, lines: bool, known: "Known", file: bool = F
     if why:
         return why
     if len(answer_tokens) >= TOKENS_MIN:
-        best = max((coverage(answer_tokens, u) for u in text.units), default=0.0)
+        # a unit sharing fewer tokens than the threshold (as multisets) cannot cover that many in order: not compared
+        need, counts = TOKENS_SHARE * len(answer_tokens), Counter(answer_tokens)
+        best = max((coverage(answer_tokens, u) for u, c in zip(text.units, text.unit_counts)
+                    if (counts & c).total() >= need), default=0.0)
         if best >= TOKENS_SHARE:
             return f"{best:.0%} of the answer's {len(answer_tokens)} tokens in one function, in order, whatever the names"
     found = _calls_found({k: v for k, v in answer_calls.items() if not _calls_found({k: v}, known.calls)}, text.calls)
@@ -408,7 +420,7 @@ def known_before(module: str, course: Path = REPO / "course") -> Known:
         for path in sorted((course / earlier).rglob("*")):
             if path.is_file() and path.suffix in (".py", ".svg", ".sh"):
                 text = path.read_text(encoding="utf-8")
-                codes.append(Code(svg_text(text), figure=True) if path.suffix == ".svg" else Code(text))
+                codes.append(code_of(svg_text(text), figure=True) if path.suffix == ".svg" else code_of(text))
     return Known(codes)
 
 
@@ -436,8 +448,8 @@ def _markdown_code(source: str) -> str:
 
 def _cell_code(cell) -> Code:
     if cell.cell_type == "markdown":
-        return Code(_markdown_code(cell.source), figure=True)
-    return Code(_strip_regions(cell.source))
+        return code_of(_markdown_code(cell.source), figure=True)
+    return code_of(_strip_regions(cell.source))
 
 
 def answer_leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
@@ -460,7 +472,7 @@ def answer_leaks(folder: Path, mods: list[str] | None = None) -> list[str]:
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix != ".ipynb"):
         try:
             text = path.read_text(encoding="utf-8")
-            files[path] = Code(svg_text(text), figure=True) if path.suffix == ".svg" else Code(text)
+            files[path] = code_of(svg_text(text), figure=True) if path.suffix == ".svg" else code_of(text)
         except (UnicodeDecodeError, OSError):
             continue
 
