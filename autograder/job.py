@@ -68,9 +68,12 @@ def hidden_paths(out: Path, submissions: Path) -> list[Path]:
 
 
 def job_threads(jobs_at_once: int) -> int:
-    """Torch's threads for each job's kernel when ``jobs_at_once`` jobs share this machine: its CPUs divided among
-    them (on 2 cores and ``--jobs 2``, 1 each: two kernels of 2 threads each took 11-18% longer on module 07)."""
-    return max(1, len(os.sched_getaffinity(0)) // max(1, jobs_at_once))
+    """Torch's threads for each job's kernel when ``jobs_at_once`` jobs share this machine: its CPUs (as
+    ``coursekit.runtime.detect`` counts them: affinity and a container's quota) divided among them (on 2 cores and
+    ``--jobs 2``, 1 each: two kernels of 2 threads each took 11-18% longer on module 07)."""
+    from coursekit.runtime import detect
+
+    return max(1, detect().num_cpus // max(1, jobs_at_once))
 
 
 def run_job(f: Found, template: Path, jobs_base: Path, hide: list[Path], timeout: float,

@@ -272,21 +272,24 @@ def test_watch_grades_a_submission_as_it_arrives(tmp_path):
 
 
 def test_a_job_grades_on_the_templates_digits_with_its_share_of_the_cores(tmp_path):
-    """Every job's kernel reads the data set its template holds (``COURSE_DATA``: no scikit-learn import in each
-    kernel, the same data whatever the grading machine's own data folder holds), and gets the machine's CPUs divided
-    among the jobs that run at once."""
-    import os
-
-    from autograder.grade import offline_digits
-    from autograder.job import job_threads
+    """A module's template holds the course's data set (``autograder.grade.offline_digits``), which each job copies
+    and its kernel reads as ``COURSE_DATA`` (no scikit-learn import in each kernel; the same data whatever the grading
+    machine's own data folder holds) and a Ray cluster's node receives with the template; each job gets the machine's
+    CPUs divided among the jobs that run at once."""
+    from autograder.cluster import template_parts
+    from autograder.grade import prepare
+    from autograder.job import DATA, job_threads
     from coursekit.data import load_digits
+    from coursekit.runtime import detect
 
-    offline_digits(tmp_path / "data")
-    assert sorted(p.name for p in (tmp_path / "data" / "sklearn-digits").iterdir()) == [
+    module = modules()[0]
+    template = prepare(tmp_path / "out", [module])[module]
+    assert sorted(p.name for p in (template / DATA / "sklearn-digits").iterdir()) == [
         "test-images.npy", "test-labels.npy", "train-images.npy", "train-labels.npy"]
-    kept = load_digits(train=True, data_dir=str(tmp_path / "data"), quiet=True)
+    assert DATA in template_parts(module)
+    kept = load_digits(train=True, data_dir=str(template / DATA), quiet=True)
     fresh = load_digits(train=True, data_dir=str(tmp_path / "fresh"), quiet=True)
     assert kept.source == fresh.source == "sklearn-digits"
     assert kept.images.equal(fresh.images) and kept.labels.equal(fresh.labels)
-    cpus = len(os.sched_getaffinity(0))
+    cpus = detect().num_cpus
     assert job_threads(1) == cpus and job_threads(2) == max(1, cpus // 2) and job_threads(10 * cpus) == 1
