@@ -149,13 +149,14 @@ def _kernel_python() -> list[str]:
     return [sys.executable, "-m", "ipykernel_launcher"]
 
 
-def write_kernelspec(job: Path, workdir: Path, hide: list[Path], repo: Path, writable: list[Path]) -> Path:
+def write_kernelspec(job: Path, workdir: Path, hide: list[Path], repo: Path, writable: list[Path],
+                     env: dict | None = None) -> Path:
     """A ``ray-train-course`` kernelspec under ``job/jupyter`` that starts the kernel in the jail.
 
     ``writable``: folders bound writable into the jail besides ``workdir`` (made if missing): the
     Jupyter runtime folder, where the connection file and (with no network in the jail) the
-    kernel's unix sockets live, and the job's checkpoint storage. Returns the folder to put on
-    ``JUPYTER_PATH``.
+    kernel's unix sockets live, and the job's checkpoint storage. ``env``: variables the kernel gets on top of
+    the job's (Jupyter's kernelspec ``env``). Returns the folder to put on ``JUPYTER_PATH``.
     """
     kdir = job / "jupyter" / "kernels" / KERNEL
     kdir.mkdir(parents=True)
@@ -165,7 +166,7 @@ def write_kernelspec(job: Path, workdir: Path, hide: list[Path], repo: Path, wri
             p.mkdir(parents=True, exist_ok=True)
         argv = [*jail_argv(workdir, hide, repo, writable=writable), *argv]
     (kdir / "kernel.json").write_text(json.dumps({
-        "argv": argv, "display_name": "Python (Ray Train course, grading)", "language": "python"}))
+        "argv": argv, "display_name": "Python (Ray Train course, grading)", "language": "python", "env": env or {}}))
     return job / "jupyter"
 
 

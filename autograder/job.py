@@ -91,16 +91,20 @@ def run_job(f: Found, template: Path, jobs_base: Path, hide: list[Path], timeout
     shutil.copy(template / "gradebook.db", root / "gradebook.db")
     (root / "nbgrader_config.py").write_text(config_text(root, job / "work", timeout, job / "runtime"))
     shutil.copytree(f.folder, root / "submitted" / f.student / f.module)
+    # The data: the kernel works on a copy of its own (module 03 writes files beside it); this process, whose
+    # references may read it after the kernel ran, reads the template's, which the jail hides from the kernel
     if (template / DATA).is_dir():
         shutil.copytree(template / DATA, job / DATA)
     workdir = job / "work" / f.student / f.module
     env = {"COURSE_GRADING": "1", "COURSE_SIZE": "smoke", "COURSE_STORAGE": str(job / "storage"),
-           "COURSE_DATA": str(job / DATA), "CUDA_VISIBLE_DEVICES": "", "COURSE_RECORD": "", "MPLBACKEND": "Agg",
-           "JUPYTER_PATH": str(write_kernelspec(job, workdir, hide, REPO,
-                                                [job / "runtime", job / "storage", job / DATA])),
+           "CUDA_VISIBLE_DEVICES": "", "COURSE_RECORD": "", "MPLBACKEND": "Agg",
+           "JUPYTER_PATH": str(write_kernelspec(job, workdir, hide, REPO, [job / "runtime", job / "storage", job / DATA],
+                                                env={"COURSE_DATA": str(job / DATA)})),
            "JUPYTER_RUNTIME_DIR": str(job / "runtime"), "PYTHONPATH": str(REPO),
            "COURSE_ASKED": json.dumps(asked(f.module)),      # the hidden inputs the test cells run for the grader
            "PYTHONDONTWRITEBYTECODE": "1"}
+    if (template / DATA).is_dir():
+        env["COURSE_DATA"] = str(template / DATA)
     if threads and "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(threads)
     argv = [str(job), f.student, f.module, *([] if feedback else ["--no-feedback"])]
