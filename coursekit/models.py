@@ -92,6 +92,19 @@ class ViT(nn.Module):
         return self.head(self.norm(x[:, 0]))
 
 
+def build_small_cnn_bn(num_classes: int = 10) -> nn.Module:
+    """``small_cnn`` with a BatchNorm after each convolution: a model whose training depends on its mode. In
+    training mode (``model.train()``) BatchNorm normalises each batch with that batch's statistics and updates its
+    running ones, counting the batches in ``num_batches_tracked``; in eval mode it uses the running ones and counts
+    nothing. The grader trains it to see that a training loop trains in training mode."""
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.ReLU(),    # 8 x 14 x 14
+        nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16), nn.ReLU(),  # 16 x 7 x 7
+        nn.Flatten(),
+        nn.Linear(16 * 7 * 7, num_classes),
+    )
+
+
 def build_vit(num_classes: int = 10, depth: int | None = None, width: int | None = None,
               heads: int | None = None, patch: int | None = None) -> nn.Module:
     """The course ViT; depth, width, heads and patch default to the runtime's size profile
@@ -118,15 +131,17 @@ def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
     correct = 0
     for i in range(0, len(labels), batch_size):
         logits = model(images[i:i + batch_size].to(device))
-        correct += (logits.argmax(1).cpu() == labels[i:i + batch_size]).sum().item()
+        correct += (logits.argmax(1).cpu() == labels[i:i + batch_size].cpu()).sum().item()
     return correct / max(len(labels), 1)
 
 
-MODELS = {"resnet18": build_resnet18, "small_cnn": build_small_cnn, "vit": build_vit}
+MODELS = {"resnet18": build_resnet18, "small_cnn": build_small_cnn, "small_cnn_bn": build_small_cnn_bn,
+          "vit": build_vit}
 
 
 def build_model(name: str) -> nn.Module:
-    """A course model by name: ``resnet18`` (the seeds' model) or ``small_cnn`` (no BatchNorm)."""
+    """A course model by name: ``resnet18`` (the seeds' model), ``small_cnn`` (no BatchNorm), ``small_cnn_bn``
+    (``small_cnn`` with BatchNorm) or ``vit``."""
     try:
         return MODELS[name]()
     except KeyError:

@@ -125,3 +125,32 @@ def test_what_the_grader_asks_a_kernel_to_run_is_inputs_never_answer_code():
         assert not leaked, f"{module}: answer lines in what the grader asks: {leaked[:3]}"
         for word in ("def ", "lambda", "import ", "return "):
             assert word not in sent, f"{module}: code ({word!r}) in what the grader asks the kernel to run"
+
+
+def test_batchnorm_counts_tell_a_loop_that_trained_in_eval_mode():
+    """The hidden BatchNorm cases of modules 02 and 03: a loop that leaves its model in eval mode after an evaluation
+    (coursekit.models.accuracy puts it there) counts fewer batches than it trained, and fails; one that trains every
+    step in training mode passes."""
+    import torch
+
+    from autograder.checks.references import check_batchnorm_counts
+    from coursekit.models import accuracy, build_model
+
+    def trained(reset_mode: bool) -> dict:
+        torch.manual_seed(0)
+        model, images, labels = build_model("small_cnn_bn"), torch.randn(8, 1, 28, 28), torch.arange(8) % 10
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        model.train()
+        for _ in range(2):                       # two epochs of two steps, an evaluation after each epoch
+            if reset_mode:
+                model.train()
+            for half in (slice(0, 4), slice(4, 8)):
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(images[half]), labels[half]).backward()
+                optimizer.step()
+            accuracy(model, images, labels)
+        return model.state_dict()
+
+    check_batchnorm_counts(trained(reset_mode=True), 4, "right")
+    with pytest.raises(AssertionError, match=r"counted \[2\] batches, expected 4.*training mode"):
+        check_batchnorm_counts(trained(reset_mode=False), 4, "left in eval mode")

@@ -5,7 +5,7 @@ on the notebook's cases and on those that only the grader knows (``ASKED``). The
 oracle's rows) and the single-process reference are made here, never taken from the kernel."""
 from __future__ import annotations
 
-from autograder.checks.references import reference_train_03
+from autograder.checks.references import check_batchnorm_counts, reference_train_03
 from coursekit.evidence import array, tensor
 from coursekit.exercise_checks import ray_data as rd
 
@@ -14,8 +14,11 @@ ASKED = {"test_preprocess_values": ["random", "one"],
          "test_build_train_dataset_resources": [[1.5, 1, 8], [0.5, 2, 16]],
          "test_build_train_dataset_plan": [[0.75, 4, 20]],
          "test_make_trainer": [1.5],
-         # one worker with other settings: another seed, SGD, 3 epochs
-         "test_train_func_one_worker": [dict(rd.ONE_WORKER_CONFIG, optimizer="sgd", lr=0.05, epochs=3, seed=4)]}
+         # one worker with other settings: another seed, SGD, 3 epochs; and a model with BatchNorm, whose training
+         # depends on the model's mode (see train_func_one_worker)
+         "test_train_func_one_worker": [dict(rd.ONE_WORKER_CONFIG, optimizer="sgd", lr=0.05, epochs=3, seed=4),
+                                        dict(rd.ONE_WORKER_CONFIG, model="small_cnn_bn", global_batch_size=101,
+                                             optimizer="sgd", lr=0.05, epochs=2, seed=6)]}
 
 
 def _arrays(value):
@@ -118,8 +121,20 @@ def train_func_one_worker(data):
                                    "settings: run its cells in order, up to the end of the test cell")
         assert not entry.get("error"), (f"train_func failed on 1 worker with {config}. The error:\n"
                                         f"{str(entry['error'])[-1500:]}")
-        rd.check_one_worker(_arrays(entry["value"]), reference_train_03, config)
-    return "one worker trains like one process on the whole global batch, with two settings"
+        run = _arrays(entry["value"])
+        if config["model"] == "small_cnn_bn":
+            # BatchNorm: the last checkpoint counts every step of every epoch when each ran in training mode (the
+            # weights are left to the small_cnn runs: one process's batch statistics on another thread count round
+            # differently, a mode does not)
+            reports = run["reports"][0]
+            assert len(reports) == config["epochs"] and reports[-1][1] is not None, (
+                f"1 worker, {config['model']}: expected one report per epoch ({config['epochs']}), the last with a "
+                f"checkpoint; got {len(reports)} report(s)")
+            steps = config["epochs"] * -(-rd.ORACLE_ROWS // config["global_batch_size"])
+            check_batchnorm_counts(reports[-1][1], steps, f"1 worker, {config['model']}, {config['epochs']} epochs")
+        else:
+            rd.check_one_worker(run, reference_train_03, config)
+    return "one worker trains like one process on the whole global batch, with two settings, in training mode"
 
 
 def train_func_device(data):

@@ -71,6 +71,17 @@ def reference_for(config: dict) -> dict:
     return _references[key]
 
 
+def check_batchnorm_counts(state: dict, steps: int, where: str) -> None:
+    """Every BatchNorm of a trained model's ``state`` counted ``steps`` batches (``num_batches_tracked``: it counts
+    in training mode only, so a loop that trained some steps in eval mode counts fewer)."""
+    tracked = sorted({int(v.item()) for k, v in state.items() if k.endswith("num_batches_tracked")})
+    assert tracked == [steps], (
+        f"{where}: its BatchNorm layers counted {tracked} batches, expected {steps} (one per step of every epoch): "
+        "the model must train in training mode (model.train()) at every step, where BatchNorm normalises each batch "
+        "with the batch's own statistics and updates its running ones. A model put in eval mode (model.eval(), or a "
+        "helper that evaluates it, such as coursekit.models.accuracy) stays there until model.train() is called")
+
+
 def reference_train_03(config: dict, epochs: list, per_worker_batch: int):
     """One process. `epochs[e][r]`: the rows (columns) worker r was sent in epoch e, in order. Each step trains
     on the global batch made of every worker's next `per_worker_batch` rows. Returns the final weights and each

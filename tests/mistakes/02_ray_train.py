@@ -247,6 +247,16 @@ MORE_WRONG = [
 ''', '''    optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
 '''), _keeps("same_weights", "reports")),
     },
+    {   # model.train() once before the epochs, and each epoch's report with the last batch's accuracy: accuracy()
+        # puts the model in eval mode, so every epoch after the first trains in it (BatchNorm then uses and never
+        # updates its running statistics)
+        "train_func": (_TRAIN.replace("        model.train()\n", "").replace(
+            '    for epoch in range(config["epochs"]):\n', '    model.train()\n    for epoch in range(config["epochs"]):\n')
+            .replace('metrics = {"epoch": epoch, "loss": (stats[0] / stats[1]).item()}',
+                     'metrics = {"epoch": epoch, "loss": (stats[0] / stats[1]).item(),\n'
+                     '                   "batch_accuracy": accuracy(getattr(model, "module", model), images, labels)}'),
+            _keeps("reports")),
+    },
 ]
 
 RIGHT = {

@@ -224,6 +224,19 @@ MORE_WRONG = [
             loop=_TRAIN_LOOP.replace("save_checkpoint_and_report(model,", "save_checkpoint_and_report(model.module,")),
             ALL_BUT_ONE_WORKER),
     },
+    {
+        # each epoch's report with the last batch's accuracy: accuracy() puts the model in eval mode and nothing puts
+        # it back, so every epoch after the first trains in eval mode (BatchNorm uses, and never updates, its
+        # running statistics)
+        "train_func": (_train(
+            "    batch_size = config['global_batch_size'] // ctx.get_world_size()\n",
+            loop=_TRAIN_LOOP.replace(
+                "        save_checkpoint_and_report(model, {'epoch': epoch, 'loss': (total[0] / total[1]).item()})\n",
+                "        acc = accuracy(getattr(model, 'module', model), batch['image'], batch['label'])\n"
+                "        save_checkpoint_and_report(model, {'epoch': epoch, 'loss': (total[0] / total[1]).item(),\n"
+                "                                           'batch_accuracy': acc})\n")),
+            ALL_BUT_ONE_WORKER),
+    },
 ]
 
 RIGHT = {
