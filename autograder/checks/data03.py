@@ -9,16 +9,18 @@ from autograder.checks.references import check_batchnorm_counts, reference_train
 from coursekit.evidence import array, tensor
 from coursekit.exercise_checks import ray_data as rd
 
+# a model with BatchNorm, whose training depends on the model's mode: its run is judged by what its BatchNorm layers
+# counted (see train_func_one_worker)
+BATCHNORM = dict(rd.ONE_WORKER_CONFIG, model="small_cnn_bn", global_batch_size=101, optimizer="sgd", lr=0.05, epochs=2,
+                 seed=6)
 ASKED = {"test_preprocess_values": ["random", "one"],
          "test_preprocess_columns": ["all_columns"],
          "test_build_train_dataset_resources": [[1.5, 1, 8], [0.5, 2, 16]],
          "test_build_train_dataset_plan": [[0.75, 4, 20]],
          "test_make_trainer": [1.5],
-         # one worker with other settings: another seed, SGD, 3 epochs; and a model with BatchNorm, whose training
-         # depends on the model's mode (see train_func_one_worker)
+         # one worker with other settings: another seed, SGD, 3 epochs; and BATCHNORM
          "test_train_func_one_worker": [dict(rd.ONE_WORKER_CONFIG, optimizer="sgd", lr=0.05, epochs=3, seed=4),
-                                        dict(rd.ONE_WORKER_CONFIG, model="small_cnn_bn", global_batch_size=101,
-                                             optimizer="sgd", lr=0.05, epochs=2, seed=6)]}
+                                        BATCHNORM]}
 
 
 def _arrays(value):
@@ -122,14 +124,11 @@ def train_func_one_worker(data):
         assert not entry.get("error"), (f"train_func failed on 1 worker with {config}. The error:\n"
                                         f"{str(entry['error'])[-1500:]}")
         run = _arrays(entry["value"])
-        if config["model"] == "small_cnn_bn":
-            # BatchNorm: the last checkpoint counts every step of every epoch when each ran in training mode (the
-            # weights are left to the small_cnn runs: one process's batch statistics on another thread count round
-            # differently, a mode does not)
-            reports = run["reports"][0]
-            assert len(reports) == config["epochs"] and reports[-1][1] is not None, (
-                f"1 worker, {config['model']}: expected one report per epoch ({config['epochs']}), the last with a "
-                f"checkpoint; got {len(reports)} report(s)")
+        if config == BATCHNORM:
+            # the last checkpoint counts every step of every epoch when each ran in training mode (the weights are
+            # left to the small_cnn runs: one process's batch statistics on another thread count round differently,
+            # a mode does not)
+            reports = rd.check_epoch_reports(run, config["epochs"])
             steps = config["epochs"] * -(-rd.ORACLE_ROWS // config["global_batch_size"])
             check_batchnorm_counts(reports[-1][1], steps, f"1 worker, {config['model']}, {config['epochs']} epochs")
         else:

@@ -303,19 +303,23 @@ def check_report(run: dict, reference_train) -> None:
             f"all_reduce both): expected {ref_losses}, got {got}")
 
 
-def check_one_worker_visible(run: dict) -> None:
+def check_epoch_reports(run: dict, epochs: int) -> list:
+    """The only worker reported once per epoch, the last report with a checkpoint; its reports."""
     reports = run["reports"][0]
-    assert len(reports) == ONE_WORKER_CONFIG["epochs"] and reports[-1][1] is not None, (
-        f"expected one report per epoch ({ONE_WORKER_CONFIG['epochs']}), the last with a checkpoint; got "
-        f"{len(reports)} report(s), checkpoints: {[state is not None for _, state in reports]}")
+    assert len(reports) == epochs and reports[-1][1] is not None, (
+        f"expected one report per epoch ({epochs}), the last with a checkpoint; got {len(reports)} report(s), "
+        f"checkpoints: {[state is not None for _, state in reports]}")
+    return reports
+
+
+def check_one_worker_visible(run: dict) -> None:
+    check_epoch_reports(run, ONE_WORKER_CONFIG["epochs"])
 
 
 def check_one_worker(run: dict, reference_train, config: dict = ONE_WORKER_CONFIG) -> None:
     """The only worker trains like one process on the same batches of the whole global batch."""
-    reports, epochs = run["reports"][0], config["epochs"]
-    assert len(reports) == epochs and reports[-1][1] is not None, (
-        f"expected one report per epoch ({epochs}), the last with a checkpoint; got {len(reports)} report(s), "
-        f"checkpoints: {[state is not None for _, state in reports]}")
+    epochs = config["epochs"]
+    reports = check_epoch_reports(run, epochs)
     solo_state, solo_losses = reference_train(config, sent_rows(run, epochs), config["global_batch_size"])
     diff = max_difference(reports[-1][1], solo_state)
     assert diff < 1e-5, (f"1 worker, {config['model']}: expected the weights of one process on the same batches of "
